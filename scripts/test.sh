@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up from nothing and run the whole test suite (what CI runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+ruff check src tests bench
+python -m pytest -q tests

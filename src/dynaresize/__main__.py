@@ -1,0 +1,5 @@
+import sys
+
+from dynaresize.cli import main
+
+sys.exit(main())

@@ -1,0 +1,96 @@
+"""The `dynaresize` command. Arguments are parsed and the config validated before torch or Ray
+is imported, so bad input fails in milliseconds with exit code 2 and nothing started."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dynaresize.config import ConfigError, load_config, to_toml
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit code 2, no traceback)."""
+
+
+def _default_out(kind: str) -> str:
+    return str(Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set or [], check_machine=not args.address)
+    if args.dry_run:
+        print(to_toml(cfg), end="")
+        return 0
+    out = args.out or _default_out("train")
+    from dynaresize.runner import run_training
+
+    summary = run_training(cfg, out, address=args.address)
+    print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
+          f"final reward {summary['final_reward']:.3f}, {summary['tokens_per_s']:.0f} tokens/s, "
+          f"bubble {summary['bubble_fraction']:.1%}; run directory: {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dynaresize",
+        description="RL post-training (GRPO) with Rollout and Training device pools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="run RL training (embedded default: tiny model, "
+                           "built-in task, 4 CPU devices, local Ray on loopback)")
+    train.add_argument("--config", metavar="FILE.toml", help="TOML config file")
+    train.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config key, e.g. --set run.steps=4 (repeatable)")
+    train.add_argument("--out", metavar="DIR", help="run directory (default: runs/train-<time>)")
+    train.add_argument("--address", metavar="ADDR",
+                       help="join this Ray cluster instead of starting a local one")
+    train.add_argument("--dry-run", action="store_true",
+                       help="print the resolved config and exit")
+    train.set_defaults(func=cmd_train)
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+"""Other subcommands register themselves here (simulate, report, bench)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_extra_commands()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, UsageError) as exc:
+        print(f"dynaresize {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _load_extra_commands() -> None:
+    if _EXTRA_COMMANDS:
+        return
+    import importlib
+
+    for name in ("dynaresize.sim.cli", "dynaresize.report", "dynaresize.bench"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        _EXTRA_COMMANDS.append(module.register)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""Typed, validated run configuration: TOML file + `--set key=value` overrides.
+
+Importable without torch or Ray. Every bad value raises `ConfigError` naming the field, the
+value and what is allowed; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value that is not allowed."""
+
+    def __init__(self, field_name: str, value: Any, allowed: str, source: str = "") -> None:
+        self.field_name = field_name
+        self.value = value
+        self.allowed = allowed
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field_name} = {value!r}: {allowed}")
+
+
+def _doc(text: str, **kwargs: Any) -> Any:
+    return field(metadata={"doc": text}, **kwargs)
+
+
+@dataclass
+class RunConfig:
+    seed: int = _doc("Run seed: data order and every request's sampler derive from it.", default=0)
+    steps: int = _doc("Number of RL steps (optimizer steps).", default=16)
+    staleness: int = _doc(
+        "0: on-policy; 1: one-step-off. Step k's samples come from version max(0, k - s).",
+        default=1,
+    )
+    checkpoint_every: int = _doc("Checkpoint every N steps (0: never).", default=0)
+
+
+@dataclass
+class ModelConfig:
+    path: str = _doc(
+        "Local path of a transformers checkpoint; empty: a tiny Qwen2 model, random init.",
+        default="",
+    )
+    hidden_size: int = _doc("Tiny model: hidden size.", default=64)
+    num_layers: int = _doc("Tiny model: decoder layers.", default=2)
+    num_heads: int = _doc("Tiny model: attention heads.", default=4)
+    intermediate_size: int = _doc("Tiny model: MLP width.", default=128)
+    init_seed: int = _doc("Seed of the tiny model's random initialisation.", default=1234)
+
+
+@dataclass
+class TaskConfig:
+    name: str = _doc("Task plugin: 'count' (built-in, long-tailed lengths) or 'jsonl'.",
+                     default="count")
+    path: str = _doc("JSON Lines dataset for task 'jsonl': {\"prompt\": str, \"answer\": str}.",
+                     default="")
+    prompts_per_step: int = _doc("Prompts in each step's batch B_k.", default=16)
+    samples_per_prompt: int = _doc("Responses per prompt (GRPO group size).", default=8)
+    max_new_tokens: int = _doc("Response length cap, tokens.", default=40)
+    max_answer_len: int = _doc("Built-in task: longest required answer.", default=32)
+    tail_alpha: float = _doc("Built-in task: Pareto tail index of answer lengths.", default=1.2)
+
+
+@dataclass
+class RolloutConfig:
+    max_running_requests: int = _doc("Continuous-batching slots per engine.", default=32)
+    temperature: float = _doc("Sampling temperature (> 0).", default=1.0)
+    batch_invariant: bool = _doc(
+        "Per-request forwards so logits never depend on the batch (exact replay).", default=True
+    )
+    slice_s: float = _doc("Longest engine slice between two orchestrator looks, seconds.",
+                          default=0.25)
+
+
+@dataclass
+class TrainConfig:
+    lr: float = _doc("AdamW learning rate.", default=3e-3)
+    weight_decay: float = _doc("AdamW weight decay.", default=0.0)
+    micro_batch_size: int = _doc(
+        "Samples per micro-batch; must divide the global batch (prompts_per_step x "
+        "samples_per_prompt). Micro-batches are dealt to training ranks.", default=8
+    )
+    clip_eps: float = _doc("PPO clip range.", default=0.2)
+    kl_coef: float = _doc("KL penalty to the initial (reference) policy; 0 disables it.",
+                          default=0.0)
+    max_grad_norm: float = _doc("Gradient clipping norm (0: off).", default=1.0)
+
+
+@dataclass
+class AllocationConfig:
+    num_rollout_devices: int = _doc("Devices 0..R-1 start as rollout devices.", default=2)
+    num_train_devices: int = _doc("The next devices start as training devices.", default=2)
+
+
+@dataclass
+class ControllerConfig:
+    policy: str = _doc("Allocation policy: 'static'.", default="static")
+
+
+@dataclass
+class DevicesConfig:
+    backend: str = _doc("'ray' (real torch processes) or 'sim' (simulated, virtual time).",
+                        default="ray")
+    type: str = _doc("'cpu' (gloo) or 'cuda' (nccl).", default="cpu")
+    threads_per_device: int = _doc("torch threads per CPU device.", default=1)
+
+
+@dataclass
+class OutputConfig:
+    record_tokens: bool = _doc("Also write token ids into samples.jsonl.", default=False)
+    progress: str = _doc("'auto', 'live' or 'plain' progress display.", default="auto")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    allocation: AllocationConfig = field(default_factory=AllocationConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @property
+    def num_devices(self) -> int:
+        return self.allocation.num_rollout_devices + self.allocation.num_train_devices
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.task.prompts_per_step * self.task.samples_per_prompt
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+POLICIES = ("static",)
+TASKS = ("count", "jsonl")
+BACKENDS = ("ray", "sim")
+DEVICE_TYPES = ("cpu", "cuda")
+PROGRESS = ("auto", "live", "plain")
+CPU_DEVICE_BYTES = 512 * 2**20
+"""Memory one CPU device process needs (torch + transformers + a tiny model)."""
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(name, value, "must be true or false", source)
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(name, value, "must be an integer", source)
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(name, value, "must be a number", source)
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(name, value, "must be a string", source)
+    return value
+
+
+def _apply(cfg: Config, data: dict[str, Any], source: str) -> None:
+    sections = {f.name: f for f in dataclasses.fields(Config)}
+    for sec_name, sec_value in data.items():
+        if sec_name not in sections:
+            raise ConfigError(sec_name, sec_value,
+                              f"unknown section; allowed: {', '.join(sections)}", source)
+        if not isinstance(sec_value, dict):
+            raise ConfigError(sec_name, sec_value, "must be a table of keys", source)
+        section = getattr(cfg, sec_name)
+        hints = _section_types(type(section))
+        for key, value in sec_value.items():
+            full = f"{sec_name}.{key}"
+            if key not in hints:
+                raise ConfigError(full, value,
+                                  f"unknown key; allowed in [{sec_name}]: {', '.join(hints)}",
+                                  source)
+            setattr(section, key, _coerce(full, value, hints[key], source))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`section.key=value` → (dotted key, value parsed as a TOML literal, else a string)."""
+    if "=" not in text:
+        raise ConfigError("--set", text, "expected key=value, e.g. run.steps=4")
+    key, raw = text.split("=", 1)
+    key, raw = key.strip(), raw.strip()
+    if key.count(".") != 1:
+        raise ConfigError("--set", text, "key must be section.key, e.g. run.steps")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                overrides: list[str] | tuple[str, ...] = (),
+                *, check_machine: bool = True) -> Config:
+    """Build a validated Config from defaults, an optional TOML file and overrides."""
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("--config", str(p), "file not found")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", str(p), f"not valid TOML ({exc})") from None
+        _apply(cfg, data, str(p))
+    for text in overrides:
+        key, value = parse_override(text)
+        sec, name = key.split(".")
+        _apply(cfg, {sec: {name: value}}, "--set")
+    validate(cfg, check_machine=check_machine)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(name, value, "must be > 0")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(name, value, "must be >= 0")
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(name, value, f"allowed: {', '.join(allowed)}")
+
+
+def machine_device_limit(device_type: str) -> int:
+    """How many devices of this type the machine offers (without importing torch)."""
+    if device_type == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return len([d for d in visible.split(",") if d.strip()])
+        return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
+    try:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError):
+        avail = 8 * 2**30
+    return max(1, min(64, avail // CPU_DEVICE_BYTES))
+
+
+def validate(cfg: Config, *, check_machine: bool = True) -> None:
+    r, t, m, a = cfg.run, cfg.task, cfg.train, cfg.allocation
+    _positive("run.steps", r.steps)
+    if r.staleness not in (0, 1):
+        raise ConfigError("run.staleness", r.staleness, "allowed: 0 (on-policy), 1 (one-step-off)")
+    _non_negative("run.checkpoint_every", r.checkpoint_every)
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        _positive(f"model.{name}", getattr(cfg.model, name))
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise ConfigError("model.hidden_size", cfg.model.hidden_size,
+                          f"must be divisible by model.num_heads = {cfg.model.num_heads}")
+    if cfg.model.path and not Path(cfg.model.path).exists():
+        raise ConfigError("model.path", cfg.model.path, "no such local path (no downloads)")
+    _one_of("task.name", t.name, TASKS)
+    if t.name == "jsonl" and not Path(t.path).is_file():
+        raise ConfigError("task.path", t.path, "task 'jsonl' needs an existing JSON Lines file")
+    _positive("task.prompts_per_step", t.prompts_per_step)
+    _positive("task.samples_per_prompt", t.samples_per_prompt)
+    if t.samples_per_prompt < 2:
+        raise ConfigError("task.samples_per_prompt", t.samples_per_prompt,
+                          "must be >= 2 (GRPO normalises rewards within a group)")
+    _positive("task.max_new_tokens", t.max_new_tokens)
+    _positive("task.max_answer_len", t.max_answer_len)
+    _positive("task.tail_alpha", t.tail_alpha)
+    _positive("rollout.max_running_requests", cfg.rollout.max_running_requests)
+    _positive("rollout.temperature", cfg.rollout.temperature)
+    _positive("rollout.slice_s", cfg.rollout.slice_s)
+    _positive("train.lr", m.lr)
+    _non_negative("train.weight_decay", m.weight_decay)
+    _positive("train.micro_batch_size", m.micro_batch_size)
+    if cfg.global_batch_size % m.micro_batch_size:
+        raise ConfigError(
+            "train.micro_batch_size", m.micro_batch_size,
+            f"must divide the global batch of {cfg.global_batch_size} samples "
+            f"(task.prompts_per_step x task.samples_per_prompt)")
+    _positive("train.clip_eps", m.clip_eps)
+    _non_negative("train.kl_coef", m.kl_coef)
+    _non_negative("train.max_grad_norm", m.max_grad_norm)
+    _positive("allocation.num_rollout_devices", a.num_rollout_devices)
+    _positive("allocation.num_train_devices", a.num_train_devices)
+    _one_of("controller.policy", cfg.controller.policy, POLICIES)
+    _one_of("devices.backend", cfg.devices.backend, BACKENDS)
+    _one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
+    _positive("devices.threads_per_device", cfg.devices.threads_per_device)
+    _one_of("output.progress", cfg.output.progress, PROGRESS)
+    if check_machine and cfg.devices.backend == "ray":
+        limit = machine_device_limit(cfg.devices.type)
+        if cfg.num_devices > limit:
+            raise ConfigError(
+                "allocation", f"{a.num_rollout_devices} rollout + {a.num_train_devices} train",
+                f"this machine offers at most {limit} {cfg.devices.type} devices")
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config from `Config.to_dict()` output (e.g. inside a device process)."""
+    cfg = Config()
+    _apply(cfg, data, "config")
+    validate(cfg, check_machine=False)
+    return cfg
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML (what `--dry-run` prints)."""
+    lines: list[str] = []
+    for sec in dataclasses.fields(cfg):
+        lines.append(f"[{sec.name}]")
+        section = getattr(cfg, sec.name)
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            else:
+                text = repr(value)
+            lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Device backends: RayDevice (real torch processes) and, in dynaresize.sim, SimDevice."""

@@ -1,0 +1,87 @@
+"""The backend seams: `Clock` and `Device`. The orchestrator talks to nothing else.
+
+Real (`RayDevice`, `RealClock`) and simulated (`SimDevice`, `VirtualClock`) implementations sit
+side by side; the orchestrator never imports Ray or torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol, runtime_checkable
+
+from dynaresize.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
+
+
+@runtime_checkable
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since an arbitrary origin (monotonic)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class RealClock:
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+WeightHandle = Any
+"""Opaque handle of published weights (a Ray ObjectRef for real devices, the version for sim)."""
+
+
+@runtime_checkable
+class Device(Protocol):
+    """One GPU or CPU slot, long-lived, switching roles without restarting."""
+
+    index: int
+    role: Role
+
+    async def start(self) -> None:
+        """Bring the device up (process, world group, model) before the first step."""
+        ...
+
+    # ------------------------------------------------------------------ rollout role
+    async def load_weights(self, version: int, weights: WeightHandle) -> None:
+        """Install policy `version` in the rollout engine."""
+        ...
+
+    async def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
+        """Queue requests (new or migrated) on the rollout engine."""
+        ...
+
+    async def run_rollout(self, max_s: float) -> list[Completion]:
+        """Run decode iterations until at least one request finishes, `max_s` passes, or the
+        engine is empty; return what finished."""
+        ...
+
+    async def export_inflight(self) -> list[InflightRequest]:
+        """Remove every queued and running request, with its token prefix and sampler state."""
+        ...
+
+    # ------------------------------------------------------------------ train role
+    async def join_train_group(self, members: tuple[int, ...], generation: int) -> None:
+        """Become a rank of the training group `members` (sorted device indices)."""
+        ...
+
+    async def train_step(self, step: int, micro_batches: list[list[TrainSample] | None],
+                         global_num_tokens: int) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches (None: a padding micro-batch)."""
+        ...
+
+    async def publish_weights(self, version: int) -> WeightHandle | None:
+        """Collective over the training group; the group's first rank returns the handle."""
+        ...
+
+    async def param_checksum(self) -> tuple[float, str]:
+        """Collective over the training group: (sum of parameters as float64, SHA-256)."""
+        ...
+
+    async def stop(self) -> None: ...

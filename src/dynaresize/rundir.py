@@ -1,0 +1,88 @@
+"""The run directory (DESIGN §5): metrics.jsonl, events.jsonl, samples.jsonl, summary.json.
+
+Each JSON Lines file is appended and flushed line by line, so a run that stops early keeps
+everything it finished.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+METRIC_KEYS = ("step", "reward_mean", "rollout_s", "train_s", "step_s", "num_rollout_devices",
+               "num_train_devices", "num_resizes", "tokens", "policy_version")
+EVENT_KEYS = ("t_start", "t_end", "device", "kind", "critical", "bytes")
+SAMPLE_KEYS = ("step", "prompt", "sample", "version", "device", "response_tokens",
+               "tokens_sha256")
+SUMMARY_KEYS = ("wall_s", "steps", "samples_per_s", "tokens_per_s", "bubble_fraction",
+                "num_resizes", "final_reward", "param_sum", "param_sha256")
+
+
+class RunDir:
+    """Append-only writer of one run's records. `path=None` keeps records in memory only."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.metrics: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.num_samples = 0
+        self._files: dict[str, TextIO] = {}
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            for name in ("metrics", "events", "samples"):
+                self._files[name] = open(self.path / f"{name}.jsonl", "w")  # noqa: SIM115
+
+    def _write(self, name: str, record: dict[str, Any]) -> None:
+        f = self._files.get(name)
+        if f is not None:
+            f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            f.flush()
+
+    def metric(self, record: dict[str, Any]) -> None:
+        missing = [k for k in METRIC_KEYS if k not in record]
+        assert not missing, f"metric record lacks {missing}"
+        self.metrics.append(record)
+        self._write("metrics", record)
+
+    def event(self, t_start: float, t_end: float, device: int, kind: str,
+              critical: bool = True, num_bytes: int = 0, **extra: Any) -> None:
+        record = {"t_start": round(t_start, 6), "t_end": round(t_end, 6), "device": device,
+                  "kind": kind, "critical": critical, "bytes": num_bytes, **extra}
+        self.events.append(record)
+        self._write("events", record)
+
+    def samples(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self._write("samples", record)
+        self.num_samples += len(records)
+
+    def summary(self, record: dict[str, Any]) -> None:
+        if self.path is not None:
+            (self.path / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    def write_config(self, text: str) -> None:
+        if self.path is not None:
+            (self.path / "config.toml").write_text(text)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSON Lines file; a bad line raises ValueError naming the file and line."""
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object")
+            out.append(obj)
+    return out

@@ -1,0 +1,278 @@
+"""Workloads of the digital twin: synthetic presets from published statistics, and traces.
+
+A workload says, for every request `(step, prompt, sample)`, how many prompt tokens it has
+and how many tokens its response will have. Every generator is deterministic in
+`(seed, step)`; steps can be drawn in any order.
+
+Synthetic lengths are log-normal with a per-prompt component, so a group's samples are
+correlated as real prompts' are (hard prompts give long answers to every sample)::
+
+    log L[p, s] = log(median * 2 ** (step / doubling_steps)) + g[p] + e[p, s]
+    g ~ N(0, sigma^2 * rho),  e ~ N(0, sigma^2 * (1 - rho)),  L capped at max_response_tokens
+
+Presets (`get_workload(name)`):
+
+- `dapo-7b`: DAPO-like math RL on a 7B model (Yu et al. 2025, "DAPO", arXiv:2503.14476:
+  512 prompts x 16 samples, 16k response cap, lengths growing during training). Median 1,640
+  tokens and sigma 1.22 put p99 at the cap, about 10x the median, with ~3% of responses
+  truncated at 16,384; the median grows 2x every 70 steps.
+- `balanced`: short, tight lengths (median 500, sigma 0.15, cap 1,024); no tail.
+- `agentic`: multi-turn-like: long prompts (median 4,000 tokens of history), bimodal responses
+  (a short tool call of ~300 tokens or a long reasoning turn of ~4,000), the long-turn
+  probability drawn per prompt from Beta(2, 3).
+- `drift`: the `dapo-7b` shape with the median doubling every 25 steps (x4 over 50 steps).
+
+Traces (`load_trace`): JSON Lines in the DESIGN §5 format, validated line by line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepRequests:
+    """All requests of one step: row-major over (prompt, sample), arrays of shape [P, S]."""
+
+    step: int
+    response_tokens: np.ndarray
+    """int64 [num_prompts, samples_per_prompt]."""
+    prompt_tokens: np.ndarray
+    """int64 [num_prompts]: one prompt, so one length, per group."""
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.response_tokens.size)
+
+    def to_dicts(self) -> list[dict[str, int]]:
+        """One `{"step","prompt","sample","response_tokens","prompt_tokens"}` per request."""
+        num_prompts, num_samples = self.response_tokens.shape
+        return [{"step": self.step, "prompt": p, "sample": s,
+                 "response_tokens": int(self.response_tokens[p, s]),
+                 "prompt_tokens": int(self.prompt_tokens[p])}
+                for p in range(num_prompts) for s in range(num_samples)]
+
+
+class Workload:
+    """Interface: `step_requests(step)`, `requests(step)`, `response_tokens(key)`."""
+
+    name: str
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_response_tokens: int
+    num_steps: int | None
+    """Steps available (traces); None for synthetic workloads (unbounded)."""
+
+    def step_requests(self, step: int) -> StepRequests:
+        raise NotImplementedError
+
+    def requests(self, step: int) -> list[dict[str, int]]:
+        return self.step_requests(step).to_dicts()
+
+    def response_tokens(self, step: int, prompt: int, sample: int) -> int:
+        return int(self.step_requests(step).response_tokens[prompt, sample])
+
+    def prompt_tokens(self, step: int, prompt: int) -> int:
+        return int(self.step_requests(step).prompt_tokens[prompt])
+
+
+@dataclass(frozen=True)
+class SyntheticWorkload(Workload):
+    """Log-normal (optionally bimodal) lengths; see the module docstring for the model."""
+
+    name: str
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_response_tokens: int
+    median_response_tokens: float
+    sigma: float
+    """Std-dev of log length (whole population)."""
+    group_rho: float = 0.5
+    """Share of log-length variance common to a prompt's samples."""
+    doubling_steps: float = 0.0
+    """Median doubles every this many steps; 0: no drift."""
+    median_prompt_tokens: float = 150.0
+    prompt_sigma: float = 0.4
+    long_median_response_tokens: float = 0.0
+    """> 0: bimodal; a sample is 'long' with a per-prompt probability ~ Beta(2, 3)."""
+    seed: int = 0
+    num_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_cache", {})
+
+    def step_requests(self, step: int) -> StepRequests:
+        cache: dict[int, StepRequests] = self._cache  # type: ignore[attr-defined]
+        if step not in cache:
+            if len(cache) > 4:
+                cache.clear()
+            cache[step] = self._generate(step)
+        return cache[step]
+
+    def _generate(self, step: int) -> StepRequests:
+        rng = np.random.default_rng([self.seed, step, 0x5EED])
+        num_p, num_s = self.prompts_per_step, self.samples_per_prompt
+        drift = 2.0 ** (step / self.doubling_steps) if self.doubling_steps > 0 else 1.0
+        group = rng.normal(0.0, self.sigma * np.sqrt(self.group_rho), size=(num_p, 1))
+        own = rng.normal(0.0, self.sigma * np.sqrt(1.0 - self.group_rho), size=(num_p, num_s))
+        median = np.full((num_p, num_s), self.median_response_tokens * drift)
+        if self.long_median_response_tokens > 0:
+            p_long = rng.beta(2.0, 3.0, size=(num_p, 1))
+            is_long = rng.random((num_p, num_s)) < p_long
+            median = np.where(is_long, self.long_median_response_tokens * drift, median)
+        lengths = np.exp(np.log(median) + group + own)
+        response = np.clip(np.rint(lengths), 1, self.max_response_tokens).astype(np.int64)
+        prompts = np.exp(np.log(self.median_prompt_tokens)
+                         + rng.normal(0.0, self.prompt_sigma, size=num_p))
+        return StepRequests(step, response, np.maximum(1, np.rint(prompts)).astype(np.int64))
+
+
+PRESETS: dict[str, SyntheticWorkload] = {
+    "dapo-7b": SyntheticWorkload("dapo-7b", 512, 16, 16384, 1640.0, 1.22, group_rho=0.5,
+                                 doubling_steps=70.0, median_prompt_tokens=150.0),
+    "balanced": SyntheticWorkload("balanced", 512, 16, 1024, 500.0, 0.15, group_rho=0.5,
+                                  median_prompt_tokens=200.0, prompt_sigma=0.2),
+    "agentic": SyntheticWorkload("agentic", 256, 8, 16384, 300.0, 0.5, group_rho=0.3,
+                                 median_prompt_tokens=4000.0, prompt_sigma=0.5,
+                                 long_median_response_tokens=4000.0),
+    "drift": SyntheticWorkload("drift", 512, 16, 16384, 1000.0, 1.0, group_rho=0.5,
+                               doubling_steps=25.0),
+}
+
+
+def get_workload(name: str, *, seed: int = 0, prompts_per_step: int | None = None,
+                 samples_per_prompt: int | None = None,
+                 requests_per_step: int | None = None, **overrides: Any) -> SyntheticWorkload:
+    """A preset by name, reseeded and rescaled.
+
+    `requests_per_step` (e.g. 8192) sets `prompts_per_step = requests_per_step //
+    samples_per_prompt`; it must be a multiple of the group size.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"workload {name!r}: allowed: {', '.join(PRESETS)} or a .jsonl trace")
+    wl = replace(PRESETS[name], seed=seed, **overrides)
+    if samples_per_prompt is not None:
+        wl = replace(wl, samples_per_prompt=samples_per_prompt)
+    if requests_per_step is not None:
+        if requests_per_step <= 0 or requests_per_step % wl.samples_per_prompt:
+            raise ValueError(f"requests_per_step = {requests_per_step}: must be a positive "
+                             f"multiple of samples_per_prompt = {wl.samples_per_prompt}")
+        prompts_per_step = requests_per_step // wl.samples_per_prompt
+    if prompts_per_step is not None:
+        if prompts_per_step <= 0:
+            raise ValueError(f"prompts_per_step = {prompts_per_step}: must be > 0")
+        wl = replace(wl, prompts_per_step=prompts_per_step)
+    return wl
+
+
+# ----------------------------------------------------------------------------- traces
+
+TRACE_KEYS = ("step", "prompt", "sample", "response_tokens", "prompt_tokens")
+
+
+class TraceWorkload(Workload):
+    """A replayed trace: every step holds prompts 0..P-1 x samples 0..S-1, the same P and S
+    in every step (DESIGN §2.1: a fixed batch); steps are 0..num_steps-1."""
+
+    def __init__(self, name: str, steps: list[StepRequests]) -> None:
+        self.name = name
+        self._steps = steps
+        self.num_steps = len(steps)
+        self.prompts_per_step, self.samples_per_prompt = steps[0].response_tokens.shape
+        self.max_response_tokens = int(max(s.response_tokens.max() for s in steps))
+
+    def step_requests(self, step: int) -> StepRequests:
+        if not 0 <= step < len(self._steps):
+            raise ValueError(f"trace {self.name}: step {step} not in 0..{len(self._steps) - 1}")
+        return self._steps[step]
+
+
+def _parse_line(where: str, text: str) -> tuple[int, ...]:
+    """One trace line → the five integers of TRACE_KEYS; ValueError names `where` and field."""
+    import json
+
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object with keys {', '.join(TRACE_KEYS)}")
+    values = []
+    for key in TRACE_KEYS:
+        if key not in obj:
+            raise ValueError(f"{where}: missing field {key!r}")
+        value = obj[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: field {key!r} = {value!r}: must be an integer")
+        if value < 0:
+            raise ValueError(f"{where}: field {key!r} = {value}: must be >= 0")
+        values.append(value)
+    return tuple(values)
+
+
+def parse_trace_lines(lines: list[str], source: str) -> TraceWorkload:
+    """Validate and assemble trace lines (blank lines skipped); `source` names the file in
+    errors. Raises ValueError for a bad line, a duplicate (step, prompt, sample), or a step
+    that is not a complete prompts x samples grid."""
+    rows: dict[tuple[int, int, int], tuple[int, int]] = {}
+    prompt_len: dict[tuple[int, int], int] = {}
+    for line_no, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        where = f"{source}:{line_no}"
+        step, prompt, sample, response, prompt_toks = _parse_line(where, text)
+        key = (step, prompt, sample)
+        if key in rows:
+            raise ValueError(f"{where}: duplicate (step, prompt, sample) = {key}")
+        rows[key] = (response, prompt_toks)
+        prompt_len.setdefault((step, prompt), prompt_toks)
+    if not rows:
+        raise ValueError(f"{source}: trace has no requests")
+    num_steps = 1 + max(k[0] for k in rows)
+    num_p = 1 + max(k[1] for k in rows)
+    num_s = 1 + max(k[2] for k in rows)
+    steps = []
+    for step in range(num_steps):
+        response = np.zeros((num_p, num_s), dtype=np.int64)
+        prompts = np.zeros(num_p, dtype=np.int64)
+        for p in range(num_p):
+            for s in range(num_s):
+                if (step, p, s) not in rows:
+                    raise ValueError(f"{source}: step {step} lacks prompt {p} sample {s} "
+                                     f"(each step needs {num_p} prompts x {num_s} samples)")
+                response[p, s] = rows[(step, p, s)][0]
+            prompts[p] = prompt_len[(step, p)]
+        steps.append(StepRequests(step, response, prompts))
+    return TraceWorkload(source, steps)
+
+
+def load_trace(path: str) -> TraceWorkload:
+    """Read a JSON Lines trace (DESIGN §5). Errors name the file, the line and the field."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read trace ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+    return parse_trace_lines(lines, str(path))
+
+
+def write_trace(workload: Workload, steps: int, path: str) -> None:
+    """Write `steps` steps of `workload` as a JSON Lines trace that `load_trace` reads back."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for step in range(steps):
+            for row in workload.requests(step):
+                f.write(json.dumps(row) + "\n")
+
+
+def resolve_workload(spec: str, **kwargs: Any) -> Workload:
+    """A preset name or a path to a `.jsonl` trace (what `simulate --workload` accepts)."""
+    if spec.endswith(".jsonl") or "/" in spec:
+        return load_trace(spec)
+    return get_workload(spec, **kwargs)

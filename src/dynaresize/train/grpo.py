@@ -1,0 +1,91 @@
+"""GRPO / PPO-clip algorithm code: pure tensor functions, no distributed calls.
+
+- `group_advantages`: rewards in (prompt, sample) order → group-normalised advantages.
+- `token_logprobs`: logits [B, L, V] and targets [B, L] → log-probs of the targets [B, L].
+- `ppo_clip_loss_sum`: per-token log-probs, behaviour log-probs, per-token advantages and a
+  response-token mask → the SUM over masked tokens of the clipped surrogate loss. Summing (not
+  averaging) lets the trainer divide a global batch's loss once by its global token count,
+  whatever the micro-batching or the number of ranks.
+- `clipped_token_count`: how many masked tokens have a ratio outside [1 - eps, 1 + eps].
+- `kl_penalty_sum`: SUM over masked tokens of the k3 estimator of KL(policy || reference).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def group_advantages(rewards: Sequence[float] | torch.Tensor, group_size: int | None = None,
+                     eps: float = 1e-6) -> list[float] | torch.Tensor:
+    """GRPO advantages (r - mean_group) / (std_group + eps), std unbiased; a group whose rewards
+    are all equal gets exactly 0.
+
+    `rewards` is either a flat sequence of floats in (prompt, sample) order with `group_size`
+    samples per prompt (returns a list of floats, pure Python: usable without a tensor), or a
+    tensor [num_prompts, group_size] (returns a float32 tensor of that shape).
+    """
+    if isinstance(rewards, torch.Tensor):
+        if rewards.dim() != 2 or rewards.shape[1] < 2:
+            raise ValueError(f"rewards tensor must be [num_prompts, group_size >= 2], "
+                             f"got shape {tuple(rewards.shape)}")
+        r = rewards.to(torch.float64)
+        mean = r.mean(dim=1, keepdim=True)
+        std = r.std(dim=1, keepdim=True)
+        adv = (r - mean) / (std + eps)
+        equal = (r == r[:, :1]).all(dim=1, keepdim=True)
+        return torch.where(equal, torch.zeros_like(adv), adv).to(torch.float32)
+    if group_size is None or group_size < 2:
+        raise ValueError(f"group_size must be >= 2 for a flat reward list, got {group_size}")
+    values = [float(x) for x in rewards]
+    if len(values) % group_size:
+        raise ValueError(f"{len(values)} rewards do not split into groups of {group_size}")
+    out: list[float] = []
+    for start in range(0, len(values), group_size):
+        group = values[start:start + group_size]
+        if all(x == group[0] for x in group):
+            out.extend([0.0] * group_size)
+            continue
+        mean = math.fsum(group) / group_size
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in group) / (group_size - 1))
+        out.extend((x - mean) / (std + eps) for x in group)
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Log-probability of `targets` [B, L] under `logits` [B, L, V], computed in float32."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match targets "
+                         f"{tuple(targets.shape)}")
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def ppo_clip_loss_sum(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                      advantages: torch.Tensor, mask: torch.Tensor,
+                      clip_eps: float) -> torch.Tensor:
+    """SUM over `mask`ed tokens of max(-A·ratio, -A·clip(ratio, 1 ± eps)); all inputs [B, L]."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    per_token = torch.maximum(unclipped, clipped)
+    return torch.where(mask.bool(), per_token, torch.zeros_like(per_token)).sum()
+
+
+def clipped_token_count(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                        mask: torch.Tensor, clip_eps: float) -> torch.Tensor:
+    """Number of masked tokens whose ratio lies outside [1 - eps, 1 + eps] (no gradient)."""
+    with torch.no_grad():
+        ratio = torch.exp(logprobs - old_logprobs)
+        outside = (ratio - 1.0).abs() > clip_eps
+        return (outside & mask.bool()).sum()
+
+
+def kl_penalty_sum(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                   mask: torch.Tensor) -> torch.Tensor:
+    """SUM over masked tokens of k3 = exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased)."""
+    delta = ref_logprobs - logprobs
+    k3 = torch.exp(delta) - delta - 1.0
+    return torch.where(mask.bool(), k3, torch.zeros_like(k3)).sum()

@@ -1,0 +1,91 @@
+"""Plain data exchanged between the orchestrator and devices (no torch, no Ray).
+
+Glossary: *device* (one GPU or CPU slot), *role* (rollout/train/idle), *allocation*
+(devices per role), *resize* (a change of allocation), *op* (one step of a resize),
+*version* (policy version: the weights after that many optimizer steps).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Role(str, Enum):
+    ROLLOUT = "rollout"
+    TRAIN = "train"
+    IDLE = "idle"
+
+
+def request_seed(run_seed: int, step: int, prompt: int, sample: int) -> int:
+    """Seed of one request's sampler: a function of (run seed, step, prompt, sample) only."""
+    digest = hashlib.sha256(struct.pack("<4q", run_seed, step, prompt, sample)).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def tokens_sha256(tokens: list[int]) -> str:
+    """Hash of a response's token ids (little-endian int64), as recorded in samples.jsonl."""
+    return hashlib.sha256(struct.pack(f"<{len(tokens)}q", *tokens)).hexdigest()
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One response to generate: sample `sample` of prompt `prompt` in step `step`."""
+
+    step: int
+    prompt: int
+    sample: int
+    version: int
+    """Policy version that must generate it (DESIGN §2.2)."""
+    prompt_tokens: tuple[int, ...]
+    max_new_tokens: int
+    seed: int
+    temperature: float = 1.0
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.step, self.prompt, self.sample)
+
+
+@dataclass
+class InflightRequest:
+    """A request exported from an engine mid-generation: enough to continue it elsewhere."""
+
+    spec: RequestSpec
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    rng_state: bytes | None = None
+    """torch.Generator state after the tokens generated so far (None: not started)."""
+
+
+@dataclass
+class Completion:
+    """A finished response."""
+
+    spec: RequestSpec
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    """'eos' or 'length'."""
+    device: int
+    engine_version: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class TrainSample:
+    """A completed, rewarded sample handed to the trainer."""
+
+    step: int
+    prompt: int
+    sample: int
+    prompt_tokens: list[int]
+    response_tokens: list[int]
+    behavior_logprobs: list[float]
+    advantage: float
+    reward: float

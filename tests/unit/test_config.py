@@ -1,0 +1,100 @@
+"""Config parsing and validation: pure, no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dynaresize.config import ConfigError, config_from_dict, load_config, parse_override, to_toml
+
+
+def test_defaults_validate_and_round_trip() -> None:
+    cfg = load_config()
+    assert cfg.num_devices == 4
+    assert config_from_dict(cfg.to_dict()) == cfg
+
+
+def test_toml_file_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[run]\nsteps = 3\nstaleness = 0\n[allocation]\nnum_rollout_devices = 1\n")
+    cfg = load_config(path, ["run.seed=7", "rollout.temperature=0.5"])
+    assert (cfg.run.steps, cfg.run.staleness, cfg.run.seed) == (3, 0, 7)
+    assert cfg.allocation.num_rollout_devices == 1
+    assert cfg.rollout.temperature == 0.5
+
+
+def test_dry_run_text_parses_back(tmp_path: Path) -> None:
+    cfg = load_config(None, ["run.steps=5", "task.name='count'"])
+    path = tmp_path / "resolved.toml"
+    path.write_text(to_toml(cfg))
+    assert load_config(path) == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "needle"),
+    [
+        ("run.bogus=1", "run.bogus", "unknown key"),
+        ("nosuch.key=1", "nosuch", "unknown section"),
+        ("run.steps=0", "run.steps", "> 0"),
+        ("run.steps=-3", "run.steps", "> 0"),
+        ("run.steps='x'", "run.steps", "integer"),
+        ("run.staleness=2", "run.staleness", "0 (on-policy)"),
+        ("allocation.num_train_devices=0", "allocation.num_train_devices", "> 0"),
+        ("allocation.num_rollout_devices=1000", "allocation", "offers at most"),
+        ("train.micro_batch_size=7", "train.micro_batch_size", "must divide"),
+        ("controller.policy='magic'", "controller.policy", "allowed"),
+        ("rollout.batch_invariant=3", "rollout.batch_invariant", "true or false"),
+        ("task.samples_per_prompt=1", "task.samples_per_prompt", ">= 2"),
+    ],
+)
+def test_bad_values_name_field_value_and_rule(override: str, field: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert info.value.field_name == field
+    assert needle in str(info.value)
+
+
+def test_override_syntax() -> None:
+    assert parse_override("run.steps=4") == ("run.steps", 4)
+    assert parse_override("model.path=/tmp/x") == ("model.path", "/tmp/x")
+    with pytest.raises(ConfigError):
+        parse_override("steps")
+    with pytest.raises(ConfigError):
+        parse_override("steps=4")
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nsteps=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("args", [["--set", "run.steps=0"], ["--set", "bogus.x=1"],
+                                  ["--set", "allocation.num_train_devices=999"]])
+def test_cli_bad_config_exits_2_without_traceback(args: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "dynaresize", "train", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "error:" in proc.stderr
+    assert not out.exists()  # nothing started
+
+
+def test_cli_dry_run_prints_resolved_config() -> None:
+    proc = subprocess.run([sys.executable, "-m", "dynaresize", "train", "--dry-run", "--set",
+                           "run.steps=3"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "steps = 3" in proc.stdout
+
+
+def test_config_and_cli_import_without_torch() -> None:
+    code = ("import sys, dynaresize.config, dynaresize.cli, dynaresize.orchestrator; "
+            "assert 'torch' not in sys.modules and 'ray' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
