@@ -38,7 +38,7 @@ from dynaresize.config import Config
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.rollout.scheduler import RolloutScheduler
 from dynaresize.rundir import RunDir
-from dynaresize.train.batching import deal, make_micro_batches
+from dynaresize.train.batching import global_num_tokens, plan_step
 from dynaresize.types import Completion, RequestSpec, TrainSample, request_seed, tokens_sha256
 
 
@@ -192,7 +192,7 @@ class Orchestrator:
         for key in sorted(by_key):
             groups.setdefault(key[0], []).append(key)
         for keys in groups.values():
-            advs = group_advantages([rewards[k] for k in keys])
+            advs = group_advantages([rewards[k] for k in keys], len(keys))
             for key, adv in zip(keys, advs):
                 c = by_key[key]
                 assert c.spec.version == version == c.engine_version, "policy version mismatch"
@@ -232,13 +232,10 @@ class Orchestrator:
             got = await self._future(step)
             t0 = self.clock.now()
             trainers = self._train_devices()
-            micro = make_micro_batches(got.samples, cfg.train.micro_batch_size)
-            plan = deal(len(micro), len(trainers))
-            global_tokens = sum(len(s.response_tokens) for s in got.samples)
-            stats = await asyncio.gather(*(
-                d.train_step(step, [micro[i] if i is not None else None for i in plan[r]],
-                             global_tokens)
-                for r, d in enumerate(trainers)))
+            plan = plan_step(got.samples, cfg.train.micro_batch_size, len(trainers))
+            global_tokens = global_num_tokens(got.samples)
+            stats = await asyncio.gather(*(d.train_step(step, plan[r], global_tokens)
+                                           for r, d in enumerate(trainers)))
             t1 = self.clock.now()
             handles = await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers))
             t2 = self.clock.now()

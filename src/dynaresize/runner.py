@@ -34,8 +34,10 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     own_pool = pool is None
     try:
         if own_pool:
+            alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
+                                       cfg.allocation.num_train_devices)
             progress.message(f"starting {cfg.num_devices} {cfg.devices.type} devices "
-                             f"({Allocation.initial(cfg.allocation.num_rollout_devices, cfg.allocation.num_train_devices).describe()})")
+                             f"({alloc.describe()}) on a local Ray cluster (loopback)")
             started_ray = ensure_ray(address, num_cpus=max(cfg.num_devices, 2))
             pool = DevicePool(cfg.num_devices, cfg.devices.type,
                               cfg.devices.threads_per_device)

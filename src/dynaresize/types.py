@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     ROLLOUT = "rollout"
     TRAIN = "train"
     IDLE = "idle"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from dynaresize.rollout import RolloutEngine
+from dynaresize.rollout.engine import RolloutEngine
 from dynaresize.types import Completion, InflightRequest, RequestSpec, request_seed
 
 torch.set_num_threads(1)

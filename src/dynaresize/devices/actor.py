@@ -96,9 +96,11 @@ class DeviceActor:
             from dynaresize.train.trainer import FSDPTrainer
 
             self._mesh_generation += 1
-            self.trainer = FSDPTrainer(self._build_model(), group, self.cfg.train,
+            self.trainer = FSDPTrainer(self._build_model, self.cfg.train, group,
                                        generation=self._mesh_generation,
-                                       device_type=self.device_type)
+                                       device=self.torch_device,
+                                       temperature=self.cfg.rollout.temperature,
+                                       pad_token_id=self.task.tokenizer.pad_id)
         return self.group_creations
 
     # ------------------------------------------------------------------ rollout
@@ -127,8 +129,7 @@ class DeviceActor:
 
     def publish_weights(self, version: int) -> tuple[bool, dict[str, Any] | None]:
         """Collective over the training group; returns (done, full state on group rank 0)."""
-        state = self.trainer.full_state_dict()
-        return True, state
+        return True, self.trainer.full_state_dict()
 
     def param_checksum(self) -> tuple[float, str]:
         return self.trainer.param_checksum()

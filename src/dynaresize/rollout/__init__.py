@@ -1,5 +1,2 @@
-"""Rollout engines: the built-in batch-invariant torch engine (a vLLM backend comes later)."""
-
-from dynaresize.rollout.engine import EngineStats, RolloutEngine, sample_token
-
-__all__ = ["EngineStats", "RolloutEngine", "sample_token"]
+"""Rollout: the scheduler (pure asyncio, no torch) and the built-in batch-invariant torch engine
+(`rollout.engine`; a vLLM backend comes later). Import the engine from its module."""

@@ -15,8 +15,8 @@ Determinism, by construction:
   request's own KV cache, and feeds exactly one token. The context (prompt, plus the generated
   prefix of a migrated request) is prefilled one token at a time through that same path, so an
   imported request rebuilds bit-identical caches and logits. Cost: one forward per token per
-  request, no GEMM batching. Measured, 1 CPU thread, 3M-param Qwen2, 8-token prompts: ~830
-  tokens/s at running batch 1 and at 16, against ~7k tokens/s (16) for the batched mode below.
+  request, no GEMM batching. Measured, 1 CPU thread, 3M-param Qwen2, 8-token prompts: ~800
+  tokens/s at running batch 1 and at 16, against ~4k tokens/s at 16 for the batched mode below.
 * `batch_invariant=False`: one full-sequence prefill per admitted request and one left-padded
   batched forward per decode iteration (caches stay per request and are padded into a batch each
   iteration). Log-probs are still exact up to float rounding, but tokens may differ by batch.

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -130,20 +133,37 @@ class CostModel:
             / self._mem_bytes_per_s()
         return self.iteration_overhead_s + max(mem_s, self._compute_s(batch))
 
-    def decode_span_s(self, num_iters: int, batch: int, start_ctx_tokens: float) -> float:
+    def decode_span_s(self, num_iters: Any, batch: Any, start_ctx_tokens: Any) -> Any:
         """Closed-form sum of `num_iters` iterations at fixed `batch`, the KV context growing
-        by `batch` tokens per iteration from `start_ctx_tokens`."""
-        if num_iters <= 0:
-            return 0.0
+        by `batch` tokens per iteration from `start_ctx_tokens`. Scalars or numpy arrays
+        (broadcast element-wise) in, the same out."""
+        if isinstance(num_iters, int) and isinstance(batch, int):
+            return self._span_scalar_s(num_iters, batch, float(start_ctx_tokens))
+        n = np.asarray(num_iters, dtype=np.float64)
+        b = np.asarray(batch, dtype=np.float64)
+        c0 = np.asarray(start_ctx_tokens, dtype=np.float64)
         bw, kv = self._mem_bytes_per_s(), self.model.kv_bytes_per_token
-        comp_s = self._compute_s(batch)
+        comp_s = 2.0 * self.model.num_params * b / (self.gpu.bf16_flops_per_s * self.decode_mfu)
         # first iteration j at which the memory term reaches the compute term
         ctx_cross = (comp_s * bw - self.model.weight_bytes) / kv
-        first_mem = min(num_iters, max(0, math.ceil((ctx_cross - start_ctx_tokens) / batch)))
-        m = num_iters - first_mem
-        mem_sum_s = (m * (self.model.weight_bytes + start_ctx_tokens * kv)
-                     + batch * kv * (first_mem + num_iters - 1) * m / 2.0) / bw
-        return num_iters * self.iteration_overhead_s + first_mem * comp_s + mem_sum_s
+        first_mem = np.minimum(n, np.maximum(0.0, np.ceil((ctx_cross - c0) / np.maximum(b, 1))))
+        m = n - first_mem
+        mem_sum_s = (m * (self.model.weight_bytes + c0 * kv)
+                     + b * kv * (first_mem + n - 1) * m / 2.0) / bw
+        total = np.where(n > 0, n * self.iteration_overhead_s + first_mem * comp_s + mem_sum_s,
+                         0.0)
+        return float(total) if total.ndim == 0 else total
+
+    def _span_scalar_s(self, n: int, b: int, c0: float) -> float:
+        """`decode_span_s` for plain ints: the simulator's hot path, without numpy."""
+        if n <= 0:
+            return 0.0
+        bw, kv, w = self._mem_bytes_per_s(), self.model.kv_bytes_per_token, self.model.weight_bytes
+        comp_s = self._compute_s(b)
+        first_mem = min(n, max(0, math.ceil(((comp_s * bw - w) / kv - c0) / max(b, 1))))
+        m = n - first_mem
+        mem_sum_s = (m * (w + c0 * kv) + b * kv * (first_mem + n - 1) * m / 2.0) / bw
+        return n * self.iteration_overhead_s + first_mem * comp_s + mem_sum_s
 
     def decode_iters_within(self, budget_s: float, batch: int, start_ctx_tokens: float) -> int:
         """Largest number of iterations whose `decode_span_s` fits in `budget_s`."""

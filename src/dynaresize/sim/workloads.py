@@ -222,7 +222,7 @@ def parse_trace_lines(lines: list[str], source: str) -> TraceWorkload:
     for line_no, text in enumerate(lines, start=1):
         if not text.strip():
             continue
-        where = f"{source}:{line_no}"
+        where = f"{source}: line {line_no}"
         step, prompt, sample, response, prompt_toks = _parse_line(where, text)
         key = (step, prompt, sample)
         if key in rows:

@@ -67,7 +67,7 @@ class CountTask(IndexedTask):
         rng = seeded_rng(seed, index)
         symbol = SYMBOLS[rng.randrange(len(SYMBOLS))]
         length = answer_length(rng, self.tail_alpha, self.max_answer_len)
-        tokens = self.tokenizer.encode_prompt(f"{symbol}:{length}=")
+        tokens = self.tokenizer.encode_prompt(f"{length}*{symbol}")
         return Prompt(id=index, tokens=tokens, answer=symbol * length)
 
     def reward(self, prompt: Prompt, response_tokens: list[int]) -> float:

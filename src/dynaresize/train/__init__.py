@@ -1,35 +1,24 @@
-"""Trainer: GRPO/PPO-clip loss (`grpo`, pure), micro-batch planning (`batching`, pure) and the
-FSDP2 trainer over one training group (`trainer`, the only module with collectives)."""
+"""Trainer: GRPO/PPO-clip loss (`grpo`, pure), micro-batch planning (`batching`, pure, no
+torch at import) and the FSDP2 trainer over one training group (`trainer`, the only module with
+collectives). Names are re-exported lazily so that `dynaresize.train.batching` stays light."""
 
-from dynaresize.train.batching import (
-    PackedBatch,
-    deal,
-    global_num_tokens,
-    make_micro_batches,
-    pack,
-    plan_step,
-)
-from dynaresize.train.grpo import (
-    clipped_token_count,
-    group_advantages,
-    kl_penalty_sum,
-    ppo_clip_loss_sum,
-    token_logprobs,
-)
-from dynaresize.train.trainer import FSDPTrainer, checksum_named_tensors
+from __future__ import annotations
 
-__all__ = [
-    "FSDPTrainer",
-    "PackedBatch",
-    "checksum_named_tensors",
-    "clipped_token_count",
-    "deal",
-    "global_num_tokens",
-    "group_advantages",
-    "kl_penalty_sum",
-    "make_micro_batches",
-    "pack",
-    "plan_step",
-    "ppo_clip_loss_sum",
-    "token_logprobs",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PackedBatch": "batching", "deal": "batching", "global_num_tokens": "batching",
+    "make_micro_batches": "batching", "pack": "batching", "plan_step": "batching",
+    "clipped_token_count": "grpo", "group_advantages": "grpo", "kl_penalty_sum": "grpo",
+    "ppo_clip_loss_sum": "grpo", "token_logprobs": "grpo",
+    "FSDPTrainer": "trainer", "checksum_named_tensors": "trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dynaresize.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"dynaresize.train.{_EXPORTS[name]}"), name)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from dynaresize.types import TrainSample
+
+if TYPE_CHECKING:
+    import torch
 
 MicroBatch = list[TrainSample]
 
@@ -112,6 +114,8 @@ def pack(micro_batch: Sequence[TrainSample], pad_token_id: int = 0) -> PackedBat
                              f"{len(s.behavior_logprobs)} behavior log-probs")
     length = max(len(s.prompt_tokens) + len(s.response_tokens) for s in micro_batch)
     size = len(micro_batch)
+    import torch
+
     input_ids = torch.full((size, length), pad_token_id, dtype=torch.int64)
     attention_mask = torch.zeros((size, length), dtype=torch.int64)
     loss_mask = torch.zeros((size, length), dtype=torch.bool)

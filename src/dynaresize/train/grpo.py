@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
+
+from dynaresize.advantages import group_advantages as flat_group_advantages
 
 
 def group_advantages(rewards: Sequence[float] | torch.Tensor, group_size: int | None = None,
@@ -37,21 +38,9 @@ def group_advantages(rewards: Sequence[float] | torch.Tensor, group_size: int | 
         adv = (r - mean) / (std + eps)
         equal = (r == r[:, :1]).all(dim=1, keepdim=True)
         return torch.where(equal, torch.zeros_like(adv), adv).to(torch.float32)
-    if group_size is None or group_size < 2:
-        raise ValueError(f"group_size must be >= 2 for a flat reward list, got {group_size}")
-    values = [float(x) for x in rewards]
-    if len(values) % group_size:
-        raise ValueError(f"{len(values)} rewards do not split into groups of {group_size}")
-    out: list[float] = []
-    for start in range(0, len(values), group_size):
-        group = values[start:start + group_size]
-        if all(x == group[0] for x in group):
-            out.extend([0.0] * group_size)
-            continue
-        mean = math.fsum(group) / group_size
-        std = math.sqrt(math.fsum((x - mean) ** 2 for x in group) / (group_size - 1))
-        out.extend((x - mean) / (std + eps) for x in group)
-    return out
+    if group_size is None:
+        raise ValueError("group_size is required for a flat reward list")
+    return flat_group_advantages(rewards, group_size, eps)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

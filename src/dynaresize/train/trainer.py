@@ -6,9 +6,9 @@ DESIGN §6), a factory returning the version-0 model (identical on every rank), 
 Produces: one optimizer step per `train_step`, full CPU state on the group's rank 0
 (`full_state_dict`, `full_optim_state_dict`), a checksum identical on every rank.
 
-Every public method except the constructor's argument checks is a COLLECTIVE over the group:
-all its ranks must call it, in the same order, with the same number of micro-batch rounds
-(`batching.plan_step` pads with None for that).
+The constructor and every public method are COLLECTIVE over the group: all its ranks (and
+no other process) call them, in the same order; `train_step` with the same number of
+micro-batch rounds on every rank (`batching.plan_step` pads with None for that).
 
 Loss: micro-batch loss = loss_sum / global_num_tokens, multiplied by the group size R because
 FSDP averages gradients over R ranks, so the summed update is exactly the gradient of the
@@ -122,13 +122,15 @@ class FSDPTrainer:
             raise ValueError(f"global_num_tokens must be > 0, got {global_num_tokens}")
         t0 = time.perf_counter()
         cfg = self.config
+        self._check_rounds(micro_batches)
         self.model.train()
         scale = self.num_ranks / global_num_tokens
         # pg_loss_sum, kl_sum, tokens, clipped tokens (this rank's real micro-batches).
-        stats = torch.zeros(4, dtype=torch.float64)
+        stats = torch.zeros(4, dtype=torch.float64, device=self.device)
         for micro_batch in micro_batches:
             weight = 0.0 if micro_batch is None else 1.0
-            batch = pack(micro_batch or _padding_micro_batch(), self.pad_token_id)
+            padded = _padding_micro_batch() if micro_batch is None else micro_batch
+            batch = pack(padded, self.pad_token_id)
             mask = batch.loss_mask.to(self.device)
             old = batch.old_logprobs.to(self.device)
             logprobs = self._logprobs(self.model, batch)
@@ -144,9 +146,8 @@ class FSDPTrainer:
             (loss_sum * (scale * weight)).backward()
             if micro_batch is not None:
                 clipped = clipped_token_count(logprobs, old, mask, cfg.clip_eps)
-                stats += torch.tensor([pg_sum.item(), kl_sum.item(), batch.num_tokens,
-                                       clipped.item()], dtype=torch.float64)
-        stats = stats.to(self.device)
+                stats += torch.stack([pg_sum.detach(), kl_sum.detach(), mask.sum(),
+                                      clipped]).to(torch.float64)
         dist.all_reduce(stats, group=self.group)
         pg_total, kl_total, tokens, clipped_total = stats.tolist()
         if int(tokens) != global_num_tokens:
@@ -160,6 +161,20 @@ class FSDPTrainer:
         return {"loss": loss, "pg_loss": pg_total / tokens, "kl": kl_total / tokens,
                 "tokens": tokens, "clip_fraction": clipped_total / tokens,
                 "grad_norm": grad_norm, "train_s": time.perf_counter() - t0}
+
+    def _check_rounds(self, micro_batches: list[MicroBatch | None]) -> None:
+        """Unequal round counts (or an empty micro-batch on one rank) would deadlock FSDP's
+        collectives: agree first, and fail on every rank instead."""
+        num_rounds = len(micro_batches)
+        num_empty = sum(1 for mb in micro_batches if mb is not None and not mb)
+        counts = torch.tensor([num_rounds, -num_rounds, num_empty], device=self.device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=self.group)
+        most, fewest, empty = int(counts[0]), -int(counts[1]), int(counts[2])
+        if most != fewest:
+            raise ValueError(f"ranks of the training group got between {fewest} and {most} "
+                             "micro-batch rounds; pad with None (batching.plan_step)")
+        if empty:
+            raise ValueError("an empty micro-batch was passed; use None for a padding round")
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

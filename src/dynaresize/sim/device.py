@@ -1,0 +1,236 @@
+"""SimDevice: the `Device` protocol in virtual time, charged by a `CostModel`.
+
+Rollout engine model (continuous batching, event-driven): requests wait in a FIFO queue and
+are admitted while the engine has a free slot (`max_running_requests`) and KV room for their
+context. Between two events the running batch `b` is fixed and the engine runs decode
+iterations, each adding one token to every running request, timed in closed form by
+`CostModel.decode_span_s`. Events: the next completion (a heap keyed by the iteration at which
+each request finishes), the KV cache filling up (the youngest request is preempted back to the
+queue head and re-prefilled later, as vLLM's recompute preemption does), or `max_s`. So one
+`run_rollout` costs O(log b) per event, and a step O(requests log b), whatever the lengths.
+
+Response lengths come from the `Workload`, looked up by (step, prompt, sample), capped by the
+request's `max_new_tokens`. Completions carry a one-token stand-in (`[num_tokens]`) instead of
+the response; `SimCompletion.num_tokens` is the true length. Training time comes from the true
+lengths too (looked up by the samples' keys), so stand-ins never distort the model.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from dynaresize.protocols import Clock, WeightHandle
+from dynaresize.sim.costs import CostModel
+from dynaresize.sim.workloads import Workload
+from dynaresize.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
+
+
+@dataclass
+class SimCompletion(Completion):
+    """A finished simulated response: `tokens` is a stand-in, `response_tokens` the length."""
+
+    response_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:  # type: ignore[override]
+        return self.response_tokens
+
+
+@dataclass
+class SimInflight(InflightRequest):
+    """An exported simulated request: `num_generated` tokens done, no token list."""
+
+    num_generated: int = 0
+
+
+class _Req:
+    __slots__ = ("spec", "prompt_tokens", "target_tokens", "generated", "start_iter", "live")
+
+    def __init__(self, spec: RequestSpec, prompt_tokens: int, target_tokens: int,
+                 generated: int) -> None:
+        self.spec = spec
+        self.prompt_tokens = prompt_tokens
+        self.target_tokens = target_tokens
+        self.generated = generated
+        """Tokens generated before `start_iter` (prefix of a migrated or preempted request)."""
+        self.start_iter = 0
+        self.live = False
+
+
+class SimDevice:
+    """One simulated GPU. Consumes requests / train samples; produces modelled time."""
+
+    def __init__(self, index: int, costs: CostModel, workload: Workload, clock: Clock,
+                 role: Role = Role.IDLE) -> None:
+        self.index = index
+        self.role = role
+        self.costs = costs
+        self.workload = workload
+        self.clock = clock
+        self.version = 0
+        self.kv_capacity_tokens = costs.kv_capacity_tokens()
+        self._waiting: deque[_Req] = deque()
+        self._running: dict[tuple[int, int, int], _Req] = {}
+        self._finish_heap: list[tuple[int, int, _Req]] = []
+        self._seq = itertools.count()
+        self._iter = 0
+        self._kv_tokens = 0
+        self._groups: set[tuple[int, ...]] = set()
+        self._members: tuple[int, ...] = ()
+        self.busy_s = 0.0
+        """Virtual seconds this device spent charged with work (for utilisation checks)."""
+
+    async def _spend(self, seconds: float) -> None:
+        self.busy_s += seconds
+        await self.clock.sleep(seconds)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    # ------------------------------------------------------------------ rollout role
+    async def load_weights(self, version: int, weights: WeightHandle) -> None:
+        await self._spend(self.costs.weight_sync_s())
+        self.version = version
+        self.role = Role.ROLLOUT
+
+    async def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
+        for work in requests:
+            spec = work.spec if isinstance(work, InflightRequest) else work
+            done = work.num_generated if isinstance(work, SimInflight) else (
+                len(work.generated) if isinstance(work, InflightRequest) else 0)
+            step, prompt, sample = spec.key
+            target = min(self.workload.response_tokens(step, prompt, sample), spec.max_new_tokens)
+            prompt_len = self.workload.prompt_tokens(step, prompt)
+            self._waiting.append(_Req(spec, prompt_len, max(1, target), done))
+
+    def _ctx(self, req: _Req) -> int:
+        return req.prompt_tokens + req.generated + (self._iter - req.start_iter)
+
+    def _admit(self) -> float:
+        """Admit queued requests that fit; return the prefill seconds charged."""
+        prefill_tokens = 0
+        while self._waiting and len(self._running) < self.costs.max_running_requests:
+            req = self._waiting[0]
+            ctx = req.prompt_tokens + req.generated
+            if self._kv_tokens + ctx + 1 > self.kv_capacity_tokens and self._running:
+                break
+            self._waiting.popleft()
+            req.start_iter, req.live = self._iter, True
+            self._running[req.spec.key] = req
+            self._kv_tokens += ctx
+            prefill_tokens += ctx
+            finish = self._iter + req.target_tokens - req.generated
+            heapq.heappush(self._finish_heap, (finish, next(self._seq), req))
+        return self.costs.prefill_s(prefill_tokens) if prefill_tokens else 0.0
+
+    def _preempt_youngest(self) -> None:
+        key = next(reversed(self._running))
+        req = self._running.pop(key)
+        self._kv_tokens -= self._ctx(req)
+        req.generated += self._iter - req.start_iter
+        req.live = False
+        self._waiting.appendleft(req)
+
+    async def run_rollout(self, max_s: float) -> list[Completion]:
+        elapsed_s = 0.0
+        done: list[Completion] = []
+        while not done:
+            elapsed_s += self._admit()
+            if not self._running or elapsed_s >= max_s:
+                break
+            while not self._finish_heap[0][2].live:
+                heapq.heappop(self._finish_heap)
+            batch = len(self._running)
+            to_next = self._finish_heap[0][0] - self._iter
+            kv_room = (self.kv_capacity_tokens - self._kv_tokens) // batch
+            if kv_room <= 0:
+                self._preempt_youngest()
+                continue
+            n = min(to_next, kv_room)
+            span_s = self.costs.decode_span_s(n, batch, self._kv_tokens)
+            if elapsed_s + span_s > max_s:
+                n = max(1, self.costs.decode_iters_within(max_s - elapsed_s, batch,
+                                                          self._kv_tokens))
+                span_s = self.costs.decode_span_s(n, batch, self._kv_tokens)
+            elapsed_s += span_s
+            self._iter += n
+            self._kv_tokens += n * batch
+            while self._finish_heap and self._finish_heap[0][0] <= self._iter:
+                _, _, req = heapq.heappop(self._finish_heap)
+                if req.live:
+                    done.append(self._complete(req))
+            if elapsed_s >= max_s:
+                break
+        await self._spend(elapsed_s)
+        return done
+
+    def _complete(self, req: _Req) -> Completion:
+        del self._running[req.spec.key]
+        req.live = False
+        self._kv_tokens -= self._ctx(req)
+        length = req.target_tokens
+        reason = "length" if length >= req.spec.max_new_tokens else "eos"
+        return SimCompletion(req.spec, [length], [], reason, self.index, self.version,
+                             response_tokens=length)
+
+    async def export_inflight(self) -> list[InflightRequest]:
+        out: list[InflightRequest] = []
+        for req in list(self._running.values()):
+            req.generated += self._iter - req.start_iter
+            out.append(SimInflight(req.spec, num_generated=req.generated))
+        out += [SimInflight(r.spec, num_generated=r.generated) for r in self._waiting]
+        self._running.clear()
+        self._waiting.clear()
+        self._finish_heap.clear()
+        self._kv_tokens = 0
+        await self._spend(self.costs.resize.release_kv_s
+                          + len(out) * self.costs.resize.export_per_request_s)
+        return out
+
+    # ------------------------------------------------------------------ train role
+    async def join_train_group(self, members: tuple[int, ...], generation: int) -> None:
+        if self.index not in members:
+            if self.role == Role.TRAIN:
+                self.role = Role.IDLE
+            return
+        r = self.costs.resize
+        cost_s = r.join_group_cached_s if members in self._groups else r.join_group_first_s
+        self._groups.add(members)
+        self._members = members
+        self.role = Role.TRAIN
+        await self._spend(cost_s)
+
+    def _sample_tokens(self, s: TrainSample) -> int:
+        return (self.workload.prompt_tokens(s.step, s.prompt)
+                + self.workload.response_tokens(s.step, s.prompt, s.sample))
+
+    async def train_step(self, step: int, micro_batches: list[list[TrainSample] | None],
+                         global_num_tokens: int) -> dict[str, float]:
+        num_tokens = sum(self._sample_tokens(s) for mb in micro_batches if mb for s in mb)
+        num_ranks = max(1, len(self._members))
+        await self._spend(self.costs.train_step_overhead_s + num_tokens
+                          * self.costs.train_token_s() / self.costs.dp_efficiency(num_ranks))
+        return {"loss": 0.0, "num_tokens": float(num_tokens)}
+
+    async def publish_weights(self, version: int) -> WeightHandle | None:
+        await self._spend(self.costs.weight_sync_latency_s)
+        self.version = version
+        first = not self._members or self.index == min(self._members)
+        return version if first else None
+
+    async def param_checksum(self) -> tuple[float, str]:
+        return 0.0, "sim"
+
+
+def make_devices(num_devices: int, num_rollout: int, costs: CostModel, workload: Workload,
+                 clock: Clock) -> list[Any]:
+    """Devices 0..R-1 start as rollout, the rest as training (DESIGN §5)."""
+    return [SimDevice(i, costs, workload, clock, Role.ROLLOUT if i < num_rollout else Role.TRAIN)
+            for i in range(num_devices)]

@@ -1,0 +1,138 @@
+"""The `oracle` baseline: a true lower bound on each step's time (issue 4), resizes free.
+
+For a step on `N` devices under cost model `c`, with staleness `s`:
+
+(a) *tail*: the step's slowest request alone on an otherwise empty device: its prefill plus
+    its decode at batch 1, `c.prefill_s(prompt) + c.decode_span_s(L, 1, prompt)`.
+(b) *work*: all of the step's device-seconds at each stage's best per-device efficiency,
+    divided by `N`:
+
+    - rollout: any schedule with at most `B = c.max_running_requests` requests per iteration
+      runs at least `I = ceil(tokens / B)` iterations; every iteration reads the weights once
+      and every generated token reads its whole KV context once (`K` = sum over requests of
+      `L * prompt + L * (L - 1) / 2` KV tokens, fixed by the workload), and the FLOPs are
+      `2 * params * tokens`. Since a sum of maxima is at least the maximum of the sums:
+      `rollout >= I * overhead + max((I * weights + K * kv) / bw, 2 * params * tokens / flops)
+      + sum of prefills`.
+    - training: `trained_tokens * c.train_token_s()` (data-parallel efficiency 1) plus one
+      `train_step_overhead_s`.
+
+What staleness forces:
+
+- `s = 0` (on-policy): training of step k needs every sample of step k, and the next rollout
+  needs its weights, so stages serialise: (a) becomes `tail + T_train + weight_sync` with
+  `T_train` the fastest training step on at most N devices; (b) gains `weight_sync`.
+- `s >= 1`: training of step k-1 overlaps rollout of step k; the bound is the steady-state
+  `max(a, b)` (the pipeline's fill and drain are ignored).
+
+A step is *tail-bound* when (a) binds, *work-bound* when (b) does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dynaresize.sim.costs import CostModel
+from dynaresize.sim.workloads import StepRequests, Workload
+
+
+@dataclass(frozen=True)
+class OracleStep:
+    """The bound of one step and its parts (seconds)."""
+
+    step: int
+    step_s: float
+    tail_s: float
+    """(a), including what staleness forces."""
+    work_s: float
+    """(b), including what staleness forces."""
+    rollout_device_s: float
+    train_device_s: float
+    num_samples: int
+    num_response_tokens: int
+
+    @property
+    def binds(self) -> str:
+        return "tail-bound" if self.tail_s >= self.work_s else "work-bound"
+
+
+def rollout_device_s(costs: CostModel, req: StepRequests) -> float:
+    """Lower bound on the device-seconds of the step's rollout (module docstring, (b))."""
+    lengths = req.response_tokens.astype(np.float64)
+    prompts = np.broadcast_to(req.prompt_tokens[:, None], lengths.shape).astype(np.float64)
+    tokens = float(lengths.sum())
+    num_iters = np.ceil(tokens / costs.max_running_requests)
+    kv_reads = float((lengths * prompts + lengths * (lengths - 1) / 2.0).sum())
+    bw = costs.gpu.hbm_bytes_per_s * costs.decode_bw_efficiency
+    mem_s = (num_iters * costs.model.weight_bytes + kv_reads * costs.model.kv_bytes_per_token) / bw
+    comp_s = 2.0 * costs.model.num_params * tokens / (costs.gpu.bf16_flops_per_s * costs.decode_mfu)
+    return float(num_iters * costs.iteration_overhead_s + max(mem_s, comp_s)
+                 + costs.prefill_s(int(prompts.sum())))
+
+
+def tail_s(costs: CostModel, req: StepRequests) -> float:
+    """(a): the slowest request of the step alone on an empty device (prefill + decode)."""
+    lengths = req.response_tokens
+    prompts = np.broadcast_to(req.prompt_tokens[:, None], lengths.shape)
+    per_request = costs.decode_span_s(lengths, 1, prompts) + costs.prefill_s(1) * prompts
+    return float(np.max(per_request))
+
+
+def trained_tokens(req: StepRequests) -> int:
+    """Tokens the trainer processes: prompt + response of every sample."""
+    num_samples = req.response_tokens.shape[1]
+    return int(req.response_tokens.sum() + num_samples * req.prompt_tokens.sum())
+
+
+def oracle_step(costs: CostModel, req: StepRequests, num_devices: int,
+                staleness: int) -> OracleStep:
+    """The lower bound of one step on `num_devices` devices (module docstring)."""
+    if num_devices <= 0:
+        raise ValueError(f"num_devices = {num_devices}: must be > 0")
+    tokens = trained_tokens(req)
+    roll_s = rollout_device_s(costs, req)
+    train_s = tokens * costs.train_token_s() + costs.train_step_overhead_s
+    a_s = tail_s(costs, req)
+    b_s = (roll_s + train_s) / num_devices
+    if staleness == 0:
+        fastest_train_s = min(costs.train_step_s(tokens, n) for n in _powers_up_to(num_devices))
+        a_s += fastest_train_s + costs.weight_sync_s()
+        b_s += costs.weight_sync_s()
+    return OracleStep(req.step, max(a_s, b_s), a_s, b_s, roll_s, train_s,
+                      req.num_requests, int(req.response_tokens.sum()))
+
+
+def _powers_up_to(n: int) -> list[int]:
+    """1, 2, 4, … and n: where the fastest training step on at most n ranks is found
+    (train_step_s decreases in n for any sane dp_overhead; the candidates cover both ends)."""
+    out = [1 << i for i in range(n.bit_length()) if (1 << i) <= n]
+    return sorted(set(out + [n]))
+
+
+def oracle_steps(costs: CostModel, workload: Workload, num_devices: int, num_steps: int,
+                 staleness: int) -> list[OracleStep]:
+    """`oracle_step` for steps 0..num_steps-1 of `workload`."""
+    return [oracle_step(costs, workload.step_requests(k), num_devices, staleness)
+            for k in range(num_steps)]
+
+
+def oracle_result(steps: list[OracleStep]) -> dict[str, object]:
+    """A `results` row of `simulate` (issue 4's JSON shape) plus the tail/work counts."""
+    step_s = np.array([s.step_s for s in steps])
+    total_s = float(step_s.sum())
+    num_tail = sum(s.binds == "tail-bound" for s in steps)
+    return {
+        "policy": "oracle",
+        "split": None,
+        "mean_step_s": float(step_s.mean()),
+        "p99_step_s": float(np.percentile(step_s, 99)),
+        "samples_per_s": sum(s.num_samples for s in steps) / total_s,
+        "tokens_per_s": sum(s.num_response_tokens for s in steps) / total_s,
+        "bubble_fraction": 0.0,
+        "num_resizes": 0,
+        "tail_bound_steps": num_tail,
+        "work_bound_steps": len(steps) - num_tail,
+        "binds": "tail-bound" if num_tail * 2 > len(steps) else "work-bound",
+    }
