@@ -103,6 +103,33 @@ class ControllerConfig:
     policy: str = _doc("Allocation policy: 'static'.", default="static")
 
 
+MOVES = ("rollout->train", "train->rollout")
+
+
+@dataclass
+class ResizeEntry:
+    """One forced resize: `[[resize.schedule]]`."""
+
+    step: int = _doc("RL step (0-based) in which it happens.", default=0)
+    at: str = _doc("'start' (before the step's rollout) or 'rollout:F' (F in (0,1): once that "
+                   "fraction of the step's requests has finished).", default="start")
+    move: str = _doc("'rollout->train' or 'train->rollout'.", default="rollout->train")
+    num_devices: int = _doc("How many devices move.", default=1)
+
+    @property
+    def fraction(self) -> float:
+        """0.0 for 'start', else F of 'rollout:F'."""
+        return 0.0 if self.at == "start" else float(self.at.split(":", 1)[1])
+
+
+@dataclass
+class ResizeConfig:
+    staging_bytes: int = _doc("Bound of the staging buffer that reshards training state, "
+                              "bytes per device.", default=4 * 2**20)
+    schedule: list[ResizeEntry] = _doc("Forced resizes ([[resize.schedule]] tables).",
+                                       default_factory=list)
+
+
 @dataclass
 class DevicesConfig:
     backend: str = _doc("'ray' (real torch processes) or 'sim' (simulated, virtual time).",
@@ -126,6 +153,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     allocation: AllocationConfig = field(default_factory=AllocationConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    resize: ResizeConfig = field(default_factory=ResizeConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
@@ -158,6 +186,8 @@ def _section_types(cls: type) -> dict[str, Any]:
 
 
 def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
+    if typ == list[ResizeEntry]:
+        return _resize_entries(name, value, source)
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -175,6 +205,29 @@ def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
             return value
         raise ConfigError(name, value, "must be a string", source)
     return value
+
+
+def _resize_entries(name: str, value: Any, source: str) -> list[ResizeEntry]:
+    if isinstance(value, ResizeEntry):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError(name, value, "must be an array of tables ([[resize.schedule]])", source)
+    hints = typing.get_type_hints(ResizeEntry)
+    entries = []
+    for i, item in enumerate(value):
+        if isinstance(item, ResizeEntry):
+            entries.append(item)
+            continue
+        if not isinstance(item, dict):
+            raise ConfigError(f"{name}[{i}]", item, "must be a table", source)
+        entry = ResizeEntry()
+        for key, v in item.items():
+            if key not in hints:
+                raise ConfigError(f"{name}[{i}].{key}", v,
+                                  f"unknown key; allowed: {', '.join(hints)}", source)
+            setattr(entry, key, _coerce(f"{name}[{i}].{key}", v, hints[key], source))
+        entries.append(entry)
+    return entries
 
 
 def _apply(cfg: Config, data: dict[str, Any], source: str) -> None:
@@ -306,6 +359,8 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _positive("allocation.num_rollout_devices", a.num_rollout_devices)
     _positive("allocation.num_train_devices", a.num_train_devices)
     _one_of("controller.policy", cfg.controller.policy, POLICIES)
+    _positive("resize.staging_bytes", cfg.resize.staging_bytes)
+    _validate_schedule(cfg)
     _one_of("devices.backend", cfg.devices.backend, BACKENDS)
     _one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
     _positive("devices.threads_per_device", cfg.devices.threads_per_device)
@@ -326,6 +381,43 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def _validate_schedule(cfg: Config) -> None:
+    """Refuse forced resizes up front: bad fields, or a sequence that would empty a pool."""
+    num_rollout = cfg.allocation.num_rollout_devices
+    num_train = cfg.allocation.num_train_devices
+    indexed = list(enumerate(cfg.resize.schedule))
+    for i, e in indexed:
+        name = f"resize.schedule[{i}]"
+        if not 0 <= e.step < cfg.run.steps:
+            raise ConfigError(f"{name}.step", e.step,
+                              f"must be in 0..{cfg.run.steps - 1} (run.steps = {cfg.run.steps})")
+        if e.at != "start":
+            head, _, frac = e.at.partition(":")
+            try:
+                ok = head == "rollout" and 0.0 < float(frac) < 1.0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"{name}.at", e.at,
+                                  "allowed: 'start' or 'rollout:F' with 0 < F < 1")
+        _one_of(f"{name}.move", e.move, MOVES)
+        _positive(f"{name}.num_devices", e.num_devices)
+    for i, e in sorted(indexed, key=lambda ie: (ie[1].step, ie[1].fraction, ie[0])):
+        sign = 1 if e.move == "rollout->train" else -1
+        num_rollout -= sign * e.num_devices
+        num_train += sign * e.num_devices
+        if num_rollout < 1 or num_train < 1:
+            raise ConfigError(f"resize.schedule[{i}]", f"{e.move} x{e.num_devices} at step "
+                              f"{e.step} {e.at}", f"would leave {num_rollout} rollout and "
+                              f"{num_train} train devices; each pool needs at least 1")
+
+
+def schedule_order(cfg: Config) -> list[ResizeEntry]:
+    """Forced resizes in the order they apply: by step, then 'start' first, then by F."""
+    indexed = list(enumerate(cfg.resize.schedule))
+    return [e for _, e in sorted(indexed, key=lambda ie: (ie[1].step, ie[1].fraction, ie[0]))]
+
+
 def to_toml(cfg: Config) -> str:
     """The resolved config as TOML (what `--dry-run` prints)."""
     lines: list[str] = []
@@ -334,6 +426,8 @@ def to_toml(cfg: Config) -> str:
         section = getattr(cfg, sec.name)
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)
+            if isinstance(value, list):
+                continue
             if isinstance(value, bool):
                 text = "true" if value else "false"
             elif isinstance(value, str):
@@ -342,4 +436,7 @@ def to_toml(cfg: Config) -> str:
                 text = repr(value)
             lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")
         lines.append("")
+    for e in cfg.resize.schedule:
+        lines += ["[[resize.schedule]]", f"step = {e.step}", f'at = "{e.at}"',
+                  f'move = "{e.move}"', f"num_devices = {e.num_devices}", ""]
     return "\n".join(lines)

@@ -18,6 +18,9 @@
   "up to s"), and produces the step's completed, rewarded samples.
 - The train loop consumes a step's samples once every group is complete, waits for nothing else,
   and unblocks the rollout of step k + 1 + s by publishing version k + 1.
+- Resizes (forced by `[[resize.schedule]]`, or decided by a controller) run at an
+  optimizer-step boundary: they hold the train lock, so the training group never changes inside
+  a step. A rollout device that leaves mid-step exports its requests, which finish elsewhere.
 - Shutdown: on success both loops return after `run.steps`; on failure the first exception
   cancels the other loop, the run directory keeps every record already written, and the
   exception propagates to the caller, which owns (and stops) the devices.
@@ -29,17 +32,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dynaresize.advantages import group_advantages
 from dynaresize.allocation import Allocation
-from dynaresize.config import Config
+from dynaresize.config import Config, ResizeEntry, schedule_order
 from dynaresize.protocols import Clock, Device, WeightHandle
-from dynaresize.rollout.scheduler import RolloutScheduler
+from dynaresize.resize.executor import ResizeExecutor, ResizeReport
+from dynaresize.resize.planner import Op, plan_resize, target_allocation
+from dynaresize.rollout.scheduler import RolloutRun
 from dynaresize.rundir import RunDir
+from dynaresize.samples import StepSamples, assemble_step
+from dynaresize.timeline import bubble_fraction
 from dynaresize.train.batching import global_num_tokens, plan_step
-from dynaresize.types import Completion, RequestSpec, TrainSample, request_seed, tokens_sha256
+from dynaresize.types import Completion, RequestSpec, request_seed
 
 
 class PromptLike(Protocol):
@@ -60,11 +65,13 @@ class VersionStore:
 
     def __init__(self) -> None:
         self._handles: dict[int, WeightHandle] = {0: None}
+        self.latest = 0
         self._changed = asyncio.Condition()
 
     async def publish(self, version: int, handle: WeightHandle) -> None:
         async with self._changed:
             self._handles[version] = handle
+            self.latest = max(self.latest, version)
             for old in [v for v in self._handles if v < version - 1]:
                 del self._handles[old]
             self._changed.notify_all()
@@ -74,20 +81,15 @@ class VersionStore:
             await self._changed.wait_for(lambda: version in self._handles)
             return self._handles[version]
 
-
-@dataclass
-class StepSamples:
-    samples: list[TrainSample]
-    reward_mean: float
-    num_tokens: int
-    rollout_s: float
-    version: int
+    def get(self, version: int) -> WeightHandle:
+        return self._handles[version]
 
 
 class Orchestrator:
     def __init__(self, cfg: Config, devices: Sequence[Device], clock: Clock,
                  source: PromptSource, rundir: RunDir,
-                 on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_step: Callable[[dict[str, Any]], None] | None = None,
+                 fail_op: Callable[[int, Op], bool] | None = None) -> None:
         if len(devices) != cfg.num_devices:
             raise ValueError(f"config wants {cfg.num_devices} devices, got {len(devices)}")
         self.cfg = cfg
@@ -100,13 +102,18 @@ class Orchestrator:
                                              cfg.allocation.num_train_devices)
         self.versions = VersionStore()
         self.engine_version = {d.index: 0 for d in self.devices}
-        self.scheduler = RolloutScheduler(clock, cfg.rollout.max_running_requests,
-                                          cfg.rollout.slice_s)
+        self.executor = ResizeExecutor(self.devices, clock, rundir, self,
+                                       cfg.resize.staging_bytes, fail=fail_op)
+        self.resizes: list[ResizeReport] = []
+        self._run: RolloutRun | None = None
+        self._rollout_version = 0
+        self._served_version = 0
+        self._train_lock = asyncio.Lock()
+        self._optimizer_step = 0
+        self._resizes_in_step: dict[int, int] = {}
         self._samples: dict[int, asyncio.Future[StepSamples]] = {}
-        self._generation = 0
         self._train_end_s: list[float] = []
         self.t_start_s = 0.0
-        self.checksum: tuple[float, str] | None = None
 
     # ------------------------------------------------------------------ setup
     def _rollout_devices(self) -> list[Device]:
@@ -114,15 +121,6 @@ class Orchestrator:
 
     def _train_devices(self) -> list[Device]:
         return [self.devices[i] for i in self.allocation.train]
-
-    async def _form_train_group(self) -> None:
-        members = self.allocation.train
-        t0 = self.clock.now()
-        await asyncio.gather(*(d.join_train_group(members, self._generation)
-                               for d in self.devices))
-        for i in members:
-            self.rundir.event(t0, self.clock.now(), i, "join_group", critical=True)
-        self._generation += 1
 
     def _future(self, step: int) -> asyncio.Future[StepSamples]:
         if step not in self._samples:
@@ -133,7 +131,8 @@ class Orchestrator:
     async def run(self) -> dict[str, Any]:
         t0 = self.clock.now()
         await asyncio.gather(*(d.start() for d in self.devices))
-        await self._form_train_group()
+        members = self.allocation.train
+        await asyncio.gather(*(d.join_train_group(members, 0) for d in self.devices))
         self.t_start_s = self.clock.now()
         for d in self.devices:
             self.rundir.event(t0, self.t_start_s, d.index, "start", critical=True)
@@ -150,10 +149,14 @@ class Orchestrator:
 
     async def _rollout_loop(self) -> None:
         cfg = self.cfg
+        schedule = schedule_order(cfg)
         for step in range(cfg.run.steps):
+            entries = [e for e in schedule if e.step == step]
+            for entry in (e for e in entries if e.at == "start"):
+                await self.resize(entry.move, entry.num_devices, step)
             version = max(0, step - cfg.run.staleness)
-            handle = await self.versions.wait(version)
-            await self._load_version(version, handle)
+            self._rollout_version = version
+            await self._load_version(version, await self.versions.wait(version))
             prompts = list(self.source.batch(step, cfg.task.prompts_per_step, cfg.run.seed))
             by_id = {p.id: p for p in prompts}
             specs = [RequestSpec(step=step, prompt=p.id, sample=j, version=version,
@@ -163,56 +166,40 @@ class Orchestrator:
                                  temperature=cfg.rollout.temperature)
                      for p in prompts for j in range(cfg.task.samples_per_prompt)]
             rewards: dict[tuple[int, int], float] = {}
+            triggers = [e for e in entries if e.at != "start"]
+            fired: list[asyncio.Task[None]] = []
 
-            def score(done: list[Completion], by_id: dict[int, Any] = by_id,
-                      rewards: dict[tuple[int, int], float] = rewards) -> None:
+            def on_done(done: list[Completion], step: int = step, by_id: dict = by_id,
+                        rewards: dict = rewards, triggers: list[ResizeEntry] = triggers,
+                        fired: list = fired) -> None:
                 for c in done:
                     rewards[(c.spec.prompt, c.spec.sample)] = self.source.reward(
                         by_id[c.spec.prompt], list(c.tokens))
+                run = self._run
+                while triggers and run is not None and \
+                        run.num_finished >= triggers[0].fraction * run.total:
+                    e = triggers.pop(0)
+                    fired.append(asyncio.ensure_future(self.resize(e.move, e.num_devices, step)))
 
             t_roll = self.clock.now()
-            result = await self.scheduler.run_step(self._rollout_devices(), specs, score)
+            run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
+                             cfg.rollout.slice_s, on_done)
+            self._run = run
+            for d in self._rollout_devices():
+                run.add_device(d)
+            await run.wait()
+            self._run = None
             rollout_s = self.clock.now() - t_roll
-            for device, (a, b) in result.busy_s.items():
+            for device, (a, b) in run.busy_s.items():
                 self.rundir.event(a, b, device, "rollout", critical=True, step=step)
-            self._future(step).set_result(
-                self._assemble(step, version, result.completions, rewards, rollout_s))
-
-    def _assemble(self, step: int, version: int, completions: list[Completion],
-                  rewards: dict[tuple[int, int], float], rollout_s: float) -> StepSamples:
-        """Check DESIGN §2.1 (every sample exactly once), compute advantages, record samples."""
-        by_key = {(c.spec.prompt, c.spec.sample): c for c in completions}
-        expected = self.cfg.global_batch_size
-        assert len(by_key) == len(completions) == expected, (
-            f"step {step}: {len(completions)} completions, {len(by_key)} distinct, "
-            f"expected {expected}")
-        samples: list[TrainSample] = []
-        records: list[dict[str, Any]] = []
-        groups: dict[int, list[tuple[int, int]]] = {}
-        for key in sorted(by_key):
-            groups.setdefault(key[0], []).append(key)
-        for keys in groups.values():
-            advs = group_advantages([rewards[k] for k in keys], len(keys))
-            for key, adv in zip(keys, advs):
-                c = by_key[key]
-                assert c.spec.version == version == c.engine_version, "policy version mismatch"
-                samples.append(TrainSample(step=step, prompt=key[0], sample=key[1],
-                                           prompt_tokens=list(c.spec.prompt_tokens),
-                                           response_tokens=list(c.tokens),
-                                           behavior_logprobs=list(c.logprobs),
-                                           advantage=adv, reward=rewards[key]))
-                record = {"step": step, "prompt": key[0], "sample": key[1],
-                          "version": c.engine_version, "device": c.device,
-                          "response_tokens": c.num_tokens,
-                          "tokens_sha256": tokens_sha256(list(c.tokens)),
-                          "reward": round(rewards[key], 6), "finish_reason": c.finish_reason}
-                if self.cfg.output.record_tokens:
-                    record["tokens"] = list(c.tokens)
-                records.append(record)
-        self.rundir.samples(records)
-        reward_mean = sum(s.reward for s in samples) / len(samples)
-        num_tokens = sum(c.num_tokens for c in completions)
-        return StepSamples(samples, reward_mean, num_tokens, rollout_s, version)
+            expected = {(p.id, j) for p in prompts for j in range(cfg.task.samples_per_prompt)}
+            got = assemble_step(step, version, expected, run.completions, rewards, rollout_s,
+                                cfg.output.record_tokens)
+            self.rundir.samples(got.records)
+            self._future(step).set_result(got)
+            for e in triggers:  # fractions never reached (e.g. F just below 1): apply now
+                fired.append(asyncio.ensure_future(self.resize(e.move, e.num_devices, step)))
+            await asyncio.gather(*fired)
 
     async def _load_version(self, version: int, handle: WeightHandle) -> None:
         stale = [d for d in self._rollout_devices() if self.engine_version[d.index] != version]
@@ -230,15 +217,17 @@ class Orchestrator:
         prev_end_s = self.t_start_s
         for step in range(cfg.run.steps):
             got = await self._future(step)
-            t0 = self.clock.now()
-            trainers = self._train_devices()
-            plan = plan_step(got.samples, cfg.train.micro_batch_size, len(trainers))
-            global_tokens = global_num_tokens(got.samples)
-            stats = await asyncio.gather(*(d.train_step(step, plan[r], global_tokens)
-                                           for r, d in enumerate(trainers)))
-            t1 = self.clock.now()
-            handles = await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers))
-            t2 = self.clock.now()
+            async with self._train_lock:
+                t0 = self.clock.now()
+                trainers = self._train_devices()
+                plan = plan_step(got.samples, cfg.train.micro_batch_size, len(trainers))
+                global_tokens = global_num_tokens(got.samples)
+                stats = await asyncio.gather(*(d.train_step(step, plan[r], global_tokens)
+                                               for r, d in enumerate(trainers)))
+                t1 = self.clock.now()
+                handles = await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers))
+                t2 = self.clock.now()
+                self._optimizer_step += 1
             for d in trainers:
                 self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
                 self.rundir.event(t1, t2, d.index, "weight_sync", critical=True, step=step)
@@ -249,7 +238,8 @@ class Orchestrator:
                 "rollout_s": round(got.rollout_s, 4), "train_s": round(t2 - t0, 4),
                 "step_s": round(t2 - prev_end_s, 4),
                 "num_rollout_devices": len(self.allocation.rollout),
-                "num_train_devices": len(trainers), "num_resizes": 0,
+                "num_train_devices": len(self.allocation.train),
+                "num_resizes": self._resizes_in_step.get(step, 0),
                 "tokens": got.num_tokens, "policy_version": got.version,
                 "loss": round(float(stats[0].get("loss", 0.0)), 6),
             }
@@ -258,54 +248,61 @@ class Orchestrator:
             self.rundir.metric(record)
             self.on_step(record)
 
+    # ------------------------------------------------------------------ resizing
+    async def resize(self, move: str, num_devices: int, step: int) -> ResizeReport:
+        """Move `num_devices` devices (`move`: 'rollout->train' | 'train->rollout') at the next
+        optimizer-step boundary; on failure the old allocation stays and the run goes on."""
+        async with self._train_lock:
+            plan = plan_resize(self.allocation,
+                               target_allocation(self.allocation, move, num_devices))
+            report = await self.executor.execute(plan, self._optimizer_step)
+            if report.ok:
+                self.allocation = plan.target
+                self._resizes_in_step[step] = self._resizes_in_step.get(step, 0) + 1
+            self.resizes.append(report)
+            return report
+
+    async def stop_admission(self, device: Device) -> None:
+        if self._run is not None:
+            await self._run.stop_admission(device)
+
+    def requeue(self, device: Device, exported: list[Any]) -> None:
+        if self._run is not None:
+            self._run.requeue(device, exported)
+        else:
+            assert not exported, "requests in flight outside a rollout step"
+
+    def start_serving(self, device: Device) -> None:
+        self.engine_version[device.index] = self._served_version
+        if self._run is not None:
+            self._run.add_device(device)
+
+    def current_weights(self) -> tuple[int, WeightHandle]:
+        version = min(self._rollout_version, self.versions.latest)
+        self._served_version = version
+        return version, self.versions.get(version)
+
+    # ------------------------------------------------------------------ end
     async def _finish(self) -> dict[str, Any]:
         trainers = self._train_devices()
         sums = await asyncio.gather(*(d.param_checksum() for d in trainers))
         param_sum, param_sha = sums[0]
-        wall_s = (self._train_end_s[-1] if self._train_end_s else self.clock.now()) \
-            - self.t_start_s
+        end_s = self._train_end_s[-1] if self._train_end_s else self.clock.now()
+        wall_s = end_s - self.t_start_s
         metrics = self.rundir.metrics
         total_tokens = sum(m["tokens"] for m in metrics)
         num_samples = len(metrics) * self.cfg.global_batch_size
+        num_resizes = sum(r.ok for r in self.resizes)
         summary = {
             "wall_s": round(wall_s, 4), "steps": len(metrics),
             "samples_per_s": round(num_samples / wall_s, 4) if wall_s > 0 else 0.0,
             "tokens_per_s": round(total_tokens / wall_s, 4) if wall_s > 0 else 0.0,
-            "bubble_fraction": round(bubble_fraction(self.rundir.events, self.t_start_s,
-                                                     self.t_start_s + wall_s,
+            "bubble_fraction": round(bubble_fraction(self.rundir.events, self.t_start_s, end_s,
                                                      len(self.devices)), 4),
-            "num_resizes": 0,
+            "num_resizes": num_resizes,
+            "num_failed_resizes": len(self.resizes) - num_resizes,
             "final_reward": metrics[-1]["reward_mean"] if metrics else 0.0,
             "param_sum": param_sum, "param_sha256": param_sha,
         }
         self.rundir.summary(summary)
         return summary
-
-
-BUSY_KINDS = ("rollout", "train", "weight_sync", "load_weights")
-
-
-def bubble_fraction(events: list[dict[str, Any]], t0: float, t1: float,
-                    num_devices: int) -> float:
-    """1 − (device-seconds busy in [t0, t1]) / (num_devices × (t1 − t0))."""
-    span = t1 - t0
-    if span <= 0 or num_devices <= 0:
-        return 0.0
-    per_device: dict[int, list[tuple[float, float]]] = {}
-    for e in events:
-        if e["kind"] in BUSY_KINDS or e["kind"].startswith("resize."):
-            a, b = max(t0, e["t_start"]), min(t1, e["t_end"])
-            if b > a:
-                per_device.setdefault(e["device"], []).append((a, b))
-    busy = 0.0
-    for intervals in per_device.values():
-        intervals.sort()
-        cur_a, cur_b = intervals[0]
-        for a, b in intervals[1:]:
-            if a > cur_b:
-                busy += cur_b - cur_a
-                cur_a, cur_b = a, b
-            else:
-                cur_b = max(cur_b, b)
-        busy += cur_b - cur_a
-    return max(0.0, 1.0 - busy / (num_devices * span))

@@ -84,4 +84,42 @@ class Device(Protocol):
         """Collective over the training group: (sum of parameters as float64, SHA-256)."""
         ...
 
+    # ------------------------------------------------------------------ resize ops (DESIGN §4)
+    async def release_kv(self) -> None:
+        """Free the rollout engine's KV cache (the engine is empty)."""
+        ...
+
+    async def release_rollout_weights(self) -> None:
+        """Drop the rollout engine and its weights."""
+        ...
+
+    async def alloc_kv(self) -> None:
+        """Make the rollout engine ready to serve (after `load_weights`)."""
+        ...
+
+    async def join_group(self, members: tuple[int, ...]) -> bool:
+        """Every device calls this with the same members, in the same order (communicator
+        cache). Returns True if a group had to be created (False: reused)."""
+        ...
+
+    async def reshard(self, old_members: tuple[int, ...], new_members: tuple[int, ...],
+                      generation: int, optimizer_step: int, staging_bytes: int
+                      ) -> dict[str, float]:
+        """Called on every device of old ∪ new members: move parameter and optimizer shards
+        from the old group's layout to the new group's through a staging buffer of at most
+        `staging_bytes`; new members hold the new state beside the old until `commit`."""
+        ...
+
+    async def commit_train_group(self, new_members: tuple[int, ...]) -> None:
+        """Switch to the trainer prepared by `reshard` (members) or stop training (others)."""
+        ...
+
+    async def abort_reshard(self) -> None:
+        """Discard what `reshard` prepared; the old trainer stays in charge."""
+        ...
+
+    async def drop_trainer(self) -> None:
+        """Free a former training device's old trainer state."""
+        ...
+
     async def stop(self) -> None: ...

@@ -42,6 +42,8 @@ class DeviceActor:
         self.group_creations = 0
         self.engine: Any = None
         self.trainer: Any = None
+        self._next_trainer: Any = None
+        self._old_trainer: Any = None
         self.cfg: Any = None
         self.task: Any = None
         self._mesh_generation = 0
@@ -56,7 +58,7 @@ class DeviceActor:
         from dynaresize.tasks import make_task
 
         self.engine = None
-        self.trainer = None
+        self.trainer = self._next_trainer = self._old_trainer = None
         self.cfg = config_from_dict(cfg_dict)
         self.task = make_task(self.cfg)
         if role == "rollout":
@@ -90,18 +92,66 @@ class DeviceActor:
             self.group_creations += 1
         return self.groups[members]
 
-    def join_train_group(self, members: tuple[int, ...], generation: int) -> int:
-        group = self.group(members)
-        if self.index in members:
-            from dynaresize.train.trainer import FSDPTrainer
+    def _new_trainer(self, members: tuple[int, ...]) -> Any:
+        from dynaresize.train.trainer import FSDPTrainer
 
-            self._mesh_generation += 1
-            self.trainer = FSDPTrainer(self._build_model, self.cfg.train, group,
-                                       generation=self._mesh_generation,
-                                       device=self.torch_device,
-                                       temperature=self.cfg.rollout.temperature,
-                                       pad_token_id=self.task.tokenizer.pad_id)
+        self._mesh_generation += 1
+        return FSDPTrainer(self._build_model, self.cfg.train, self.group(members),
+                           generation=self._mesh_generation, device=self.torch_device,
+                           temperature=self.cfg.rollout.temperature,
+                           pad_token_id=self.task.tokenizer.pad_id)
+
+    def join_train_group(self, members: tuple[int, ...], generation: int) -> int:
+        self.group(members)
+        if self.index in members:
+            self.trainer = self._new_trainer(members)
         return self.group_creations
+
+    def join_group(self, members: tuple[int, ...]) -> bool:
+        before = self.group_creations
+        self.group(members)
+        return self.group_creations > before
+
+    def reshard(self, old_members: tuple[int, ...], new_members: tuple[int, ...],
+                generation: int, optimizer_step: int, staging_bytes: int) -> dict[str, float]:
+        """Move training state from the old group's shards to a new trainer over new_members
+        (kept beside the old one until `commit_train_group`)."""
+        from dynaresize.resize.reshard import plan_reshard
+        from dynaresize.train.reshard_exec import execute_reshard
+
+        new = None
+        if self.index in new_members:
+            new = self._new_trainer(tuple(new_members))
+            new.init_optimizer_state(optimizer_step)
+        old = self.trainer if self.index in old_members else None
+        shapes = (old or new).full_shapes()
+        plan = plan_reshard(shapes, tuple(old_members), tuple(new_members), staging_bytes)
+        stats = execute_reshard(plan, self.index, old, new, optimizer_step, staging_bytes)
+        self._next_trainer = new
+        return stats.as_dict()
+
+    def commit_train_group(self, new_members: tuple[int, ...]) -> None:
+        if self.index in new_members:
+            self.trainer, self._next_trainer = self._next_trainer, None
+        else:
+            self._old_trainer, self.trainer = self.trainer, None
+
+    def abort_reshard(self) -> None:
+        self._next_trainer = None
+
+    def drop_trainer(self) -> None:
+        self._old_trainer = None
+
+    def release_kv(self) -> None:
+        if self.engine is not None:
+            assert self.engine.num_running == 0 and self.engine.num_waiting == 0
+
+    def release_rollout_weights(self) -> None:
+        self.engine = None
+
+    def alloc_kv(self) -> None:
+        if self.engine is None:
+            self._build_engine()
 
     # ------------------------------------------------------------------ rollout
     def load_weights(self, version: int, state_dict: dict[str, Any]) -> None:

@@ -80,6 +80,34 @@ class RayDevice:
     async def param_checksum(self) -> tuple[float, str]:
         return tuple(await self.actor.param_checksum.remote())  # type: ignore[return-value]
 
+    async def release_kv(self) -> None:
+        await self.actor.release_kv.remote()
+
+    async def release_rollout_weights(self) -> None:
+        await self.actor.release_rollout_weights.remote()
+
+    async def alloc_kv(self) -> None:
+        await self.actor.alloc_kv.remote()
+
+    async def join_group(self, members: tuple[int, ...]) -> bool:
+        return await self.actor.join_group.remote(tuple(sorted(members)))
+
+    async def reshard(self, old_members: tuple[int, ...], new_members: tuple[int, ...],
+                      generation: int, optimizer_step: int, staging_bytes: int
+                      ) -> dict[str, float]:
+        return await self.actor.reshard.remote(old_members, new_members, generation,
+                                               optimizer_step, staging_bytes)
+
+    async def commit_train_group(self, new_members: tuple[int, ...]) -> None:
+        self._members = tuple(sorted(new_members)) if self.index in new_members else ()
+        await self.actor.commit_train_group.remote(tuple(new_members))
+
+    async def abort_reshard(self) -> None:
+        await self.actor.abort_reshard.remote()
+
+    async def drop_trainer(self) -> None:
+        await self.actor.drop_trainer.remote()
+
     async def stats(self) -> dict[str, Any]:
         return await self.actor.stats.remote()
 

@@ -1,12 +1,14 @@
-"""RolloutScheduler: runs one step's requests on the rollout devices.
+"""RolloutRun: one step's requests on the rollout devices, with devices joining and leaving.
 
 One asyncio task per rollout device; each loops { submit what was dispatched to it →
 `run_rollout(slice_s)` → hand completions back → dispatch more }. Queued requests go to the
 least-loaded device that has a free slot (ties: lowest index). Which device runs a request never
-changes its tokens (DESIGN §2.3), so dispatch is free to be greedy.
+changes its tokens (DESIGN §2.3), so dispatch is free to be greedy, and a device can leave
+mid-step: its in-flight requests are exported (token prefix + sampler state) and requeued at the
+front, to finish on the other engines.
 
 Consumes: RequestSpecs of one step. Waits for: devices' slices. Produces: Completions through
-`on_completions`, and per-device busy intervals.
+`on_completions`, and per-device busy intervals. Unblocked by: the last completion.
 """
 
 from __future__ import annotations
@@ -28,75 +30,98 @@ class _Slot:
     load: int = 0
     pending: list[Work] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    t_first: float | None = None
-    t_last: float | None = None
+    leaving: bool = False
+    task: asyncio.Task[None] | None = None
 
 
-@dataclass
-class RolloutStepResult:
-    completions: list[Completion]
-    busy_s: dict[int, tuple[float, float]]
-    """device → (first slice start, last slice end) during this step."""
-
-
-class RolloutScheduler:
-    def __init__(self, clock: Clock, max_running: int, slice_s: float) -> None:
+class RolloutRun:
+    def __init__(self, clock: Clock, requests: Sequence[Work], max_running: int,
+                 slice_s: float, on_completions: Callable[[list[Completion]], None]) -> None:
         self.clock = clock
         self.max_running = max_running
         self.slice_s = slice_s
+        self.on_completions = on_completions
+        self.queue: deque[Work] = deque(requests)
+        self.total = len(requests)
+        self.remaining = len(requests)
+        self.completions: list[Completion] = []
+        self.busy_s: dict[int, list[float]] = {}
+        """device → [first slice start, last slice end] in this step."""
+        self.finished = asyncio.Event()
+        self._slots: dict[int, _Slot] = {}
+        if self.remaining == 0:
+            self.finished.set()
 
-    async def run_step(self, devices: Sequence[Device], requests: Sequence[Work],
-                       on_completions: Callable[[list[Completion]], None]
-                       ) -> RolloutStepResult:
-        """Run `requests` to completion on `devices`; call `on_completions` as they finish."""
-        queue: deque[Work] = deque(requests)
-        slots = [_Slot(d) for d in devices]
-        remaining = len(requests)
-        done: list[Completion] = []
-        finished = asyncio.Event()
-        if remaining == 0:
-            finished.set()
+    @property
+    def num_finished(self) -> int:
+        return self.total - self.remaining
 
-        def dispatch() -> None:
-            while queue:
-                free = [s for s in slots if s.load < self.max_running]
-                if not free:
-                    return
-                slot = min(free, key=lambda s: (s.load, s.device.index))
-                slot.pending.append(queue.popleft())
-                slot.load += 1
-                slot.wake.set()
+    def devices(self) -> list[int]:
+        return sorted(i for i, s in self._slots.items() if not s.leaving)
 
-        async def drive(slot: _Slot) -> None:
-            nonlocal remaining
-            while not finished.is_set():
-                if slot.load == 0:
-                    slot.wake.clear()
-                    waiter = asyncio.ensure_future(slot.wake.wait())
-                    stopper = asyncio.ensure_future(finished.wait())
-                    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    stopper.cancel()
-                    continue
-                if slot.pending:
-                    work, slot.pending = slot.pending, []
-                    await slot.device.submit(work)
-                t0 = self.clock.now()
-                if slot.t_first is None:
-                    slot.t_first = t0
-                completions = await slot.device.run_rollout(self.slice_s)
-                slot.t_last = self.clock.now()
-                if completions:
-                    slot.load -= len(completions)
-                    remaining -= len(completions)
-                    done.extend(completions)
-                    on_completions(completions)
-                    dispatch()
-                    if remaining == 0:
-                        finished.set()
+    # ------------------------------------------------------------------ membership
+    def add_device(self, device: Device) -> None:
+        """Start serving on `device` (new at step start, or joining mid-step)."""
+        slot = _Slot(device)
+        self._slots[device.index] = slot
+        slot.task = asyncio.ensure_future(self._drive(slot))
+        self._dispatch()
 
-        dispatch()
-        await asyncio.gather(*(drive(s) for s in slots))
-        busy = {s.device.index: (s.t_first, s.t_last) for s in slots
-                if s.t_first is not None and s.t_last is not None}
-        return RolloutStepResult(done, busy)
+    async def stop_admission(self, device: Device) -> None:
+        """Stop giving `device` work; return once its current slice is over."""
+        slot = self._slots.get(device.index)
+        if slot is None:
+            return
+        slot.leaving = True
+        slot.wake.set()
+        assert slot.task is not None
+        await slot.task
+
+    def requeue(self, device: Device, exported: list[Work]) -> None:
+        """Put a leaving device's unfinished work (exported + never submitted) back in front."""
+        slot = self._slots.pop(device.index, None)
+        work = list(exported) + (slot.pending if slot is not None else [])
+        self.queue.extendleft(reversed(work))
+        self._dispatch()
+
+    # ------------------------------------------------------------------ main
+    async def wait(self) -> None:
+        """Return when every request has completed."""
+        await self.finished.wait()
+        tasks = [s.task for s in self._slots.values() if s.task is not None]
+        for s in self._slots.values():
+            s.wake.set()
+        await asyncio.gather(*tasks)
+
+    def _dispatch(self) -> None:
+        while self.queue:
+            free = [s for s in self._slots.values()
+                    if not s.leaving and s.load < self.max_running]
+            if not free:
+                return
+            slot = min(free, key=lambda s: (s.load, s.device.index))
+            slot.pending.append(self.queue.popleft())
+            slot.load += 1
+            slot.wake.set()
+
+    async def _drive(self, slot: _Slot) -> None:
+        while not self.finished.is_set() and not slot.leaving:
+            if slot.load == 0:
+                slot.wake.clear()
+                await slot.wake.wait()
+                continue
+            if slot.pending:
+                work, slot.pending = slot.pending, []
+                await slot.device.submit(work)
+            t0 = self.clock.now()
+            span = self.busy_s.setdefault(slot.device.index, [t0, t0])
+            completions = await slot.device.run_rollout(self.slice_s)
+            span[1] = self.clock.now()
+            if completions:
+                slot.load -= len(completions)
+                self.remaining -= len(completions)
+                self.completions.extend(completions)
+                self.on_completions(completions)
+                self._dispatch()
+                if self.remaining == 0:
+                    self.finished.set()

@@ -1,0 +1,1 @@
+"""Runtime resizing: pure planners (`planner`, `reshard`) and the executor (`executor`)."""

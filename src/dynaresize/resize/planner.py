@@ -1,0 +1,132 @@
+"""Resize planner (pure): (current allocation, target allocation) → a DAG of fine-grained ops.
+
+Each op is tagged *critical* (the stage waiting for the device is delayed until it is done) or
+*deferrable* (runs while the device already works in its new role). DESIGN §4:
+
+rollout → train (device d):
+    stop_admission(d) → export_inflight(d) → release_kv(d) ─┐
+    join_group(G')  (all devices; a cached group costs 0) ───┴→ reshard(G → G') → commit(G')
+    deferrable: release_rollout_weights(d)
+train → rollout (device d), at an optimizer-step boundary:
+    join_group(G') → reshard(G → G')  (d's shards flow to the ranks that stay)
+    reshard → load_weights(d, version) → alloc_kv(d) → commit(G') → start_serving(d)
+    deferrable: drop_trainer(d)
+
+`commit` is the point of no return: everything before it can be rolled back (the old trainers
+stay intact until then), so a resize either completes or leaves the old allocation.
+
+Which devices move is a pure function of the allocation (rollout → train: the highest-index
+rollout devices; train → rollout: the lowest-index training devices), so the live run and the
+simulator produce the same sequence of allocations and ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynaresize.allocation import Allocation
+from dynaresize.types import Role
+
+GROUP = -1
+"""`Op.device` of an op that involves a whole group rather than one device."""
+
+
+@dataclass(frozen=True)
+class Op:
+    id: int
+    kind: str
+    device: int
+    critical: bool
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResizePlan:
+    source: Allocation
+    target: Allocation
+    to_train: tuple[int, ...]
+    to_rollout: tuple[int, ...]
+    ops: tuple[Op, ...]
+
+    @property
+    def old_train(self) -> tuple[int, ...]:
+        return self.source.train
+
+    @property
+    def new_train(self) -> tuple[int, ...]:
+        return self.target.train
+
+    def kinds(self) -> list[str]:
+        return [op.kind for op in self.ops]
+
+
+def choose_devices(alloc: Allocation, move: str, num_devices: int) -> tuple[int, ...]:
+    """The devices that move (deterministic, see module docstring)."""
+    if move == "rollout->train":
+        pool = alloc.rollout
+        chosen = pool[len(pool) - num_devices:]
+        remaining = len(pool) - num_devices
+    elif move == "train->rollout":
+        pool = alloc.train
+        chosen = pool[:num_devices]
+        remaining = len(pool) - num_devices
+    else:
+        raise ValueError(f"move = {move!r}: allowed 'rollout->train', 'train->rollout'")
+    if num_devices <= 0 or remaining < 1:
+        raise ValueError(f"{move} x{num_devices} would leave {remaining} devices in the "
+                         f"{'rollout' if move.startswith('rollout') else 'train'} pool "
+                         f"({alloc.describe()}); each pool needs at least 1")
+    return tuple(chosen)
+
+
+def target_allocation(alloc: Allocation, move: str, num_devices: int) -> Allocation:
+    devices = choose_devices(alloc, move, num_devices)
+    role = Role.TRAIN if move == "rollout->train" else Role.ROLLOUT
+    return alloc.with_roles({d: role for d in devices})
+
+
+def plan_resize(source: Allocation, target: Allocation) -> ResizePlan:
+    """The op DAG that takes `source` to `target` (devices switch between rollout and train)."""
+    if source.num_devices != target.num_devices:
+        raise ValueError("source and target allocations cover different devices")
+    to_train = tuple(d for d in range(source.num_devices)
+                     if source.roles[d] is Role.ROLLOUT and target.roles[d] is Role.TRAIN)
+    to_rollout = tuple(d for d in range(source.num_devices)
+                       if source.roles[d] is Role.TRAIN and target.roles[d] is Role.ROLLOUT)
+    if not target.rollout or not target.train:
+        raise ValueError(f"target {target.describe()} empties a pool")
+    ops: list[Op] = []
+
+    def add(kind: str, device: int, critical: bool, *deps: int) -> int:
+        ops.append(Op(len(ops), kind, device, critical, tuple(deps)))
+        return len(ops) - 1
+
+    released: list[int] = []
+    for d in to_train:
+        stop = add("stop_admission", d, True)
+        export = add("export_inflight", d, True, stop)
+        released.append(add("release_kv", d, True, export))
+    if not to_train and not to_rollout:
+        return ResizePlan(source, target, to_train, to_rollout, ())
+    join = add("join_group", GROUP, True)
+    reshard = add("reshard", GROUP, True, join, *released)
+    prepared = []
+    for d in to_rollout:
+        load = add("load_weights", d, True, reshard)
+        prepared.append(add("alloc_kv", d, True, load))
+    commit = add("commit", GROUP, True, reshard, *prepared)
+    for d in to_train:
+        add("release_rollout_weights", d, False, commit)
+    for d in to_rollout:
+        add("start_serving", d, True, commit)
+        add("drop_trainer", d, False, commit)
+    return ResizePlan(source, target, to_train, to_rollout, tuple(ops))
+
+
+def critical_path_s(plan: ResizePlan, durations_s: dict[int, float]) -> float:
+    """Length of the longest chain of critical ops, given each op's measured duration."""
+    finish: dict[int, float] = {}
+    for op in plan.ops:  # ops are in topological order by construction
+        start = max((finish[d] for d in op.deps), default=0.0)
+        finish[op.id] = start + (durations_s.get(op.id, 0.0) if op.critical else 0.0)
+    return max((finish[op.id] for op in plan.ops if op.critical), default=0.0)
