@@ -142,6 +142,8 @@ class DevicesConfig:
 class OutputConfig:
     record_tokens: bool = _doc("Also write token ids into samples.jsonl.", default=False)
     progress: str = _doc("'auto', 'live' or 'plain' progress display.", default="auto")
+    save_model: bool = _doc("Save the final weights as model.pt (a state dict) in the run "
+                            "directory.", default=True)
 
 
 @dataclass

@@ -105,6 +105,7 @@ class Orchestrator:
         self.executor = ResizeExecutor(self.devices, clock, rundir, self,
                                        cfg.resize.staging_bytes, fail=fail_op)
         self.resizes: list[ResizeReport] = []
+        self.skipped_resizes: list[str] = []
         self._run: RolloutRun | None = None
         self._rollout_version = 0
         self._served_version = 0
@@ -148,6 +149,7 @@ class Orchestrator:
         return await self._finish()
 
     async def _rollout_loop(self) -> None:
+        """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
         cfg = self.cfg
         schedule = schedule_order(cfg)
         for step in range(cfg.run.steps):
@@ -185,8 +187,7 @@ class Orchestrator:
             run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
                              cfg.rollout.slice_s, on_done)
             self._run = run
-            for d in self._rollout_devices():
-                run.add_device(d)
+            run.add_devices(self._rollout_devices())
             await run.wait()
             self._run = None
             rollout_s = self.clock.now() - t_roll
@@ -213,6 +214,7 @@ class Orchestrator:
             self.rundir.event(t0, t1, d.index, "load_weights", critical=True, version=version)
 
     async def _train_loop(self) -> None:
+        """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
         cfg = self.cfg
         prev_end_s = self.t_start_s
         for step in range(cfg.run.steps):
@@ -249,12 +251,18 @@ class Orchestrator:
             self.on_step(record)
 
     # ------------------------------------------------------------------ resizing
-    async def resize(self, move: str, num_devices: int, step: int) -> ResizeReport:
+    async def resize(self, move: str, num_devices: int, step: int) -> ResizeReport | None:
         """Move `num_devices` devices (`move`: 'rollout->train' | 'train->rollout') at the next
-        optimizer-step boundary; on failure the old allocation stays and the run goes on."""
+        optimizer-step boundary; on failure the old allocation stays and the run goes on.
+        Returns None (and counts it as skipped) if the move would now empty a pool, e.g.
+        because an earlier forced resize was rolled back."""
         async with self._train_lock:
-            plan = plan_resize(self.allocation,
-                               target_allocation(self.allocation, move, num_devices))
+            try:
+                target = target_allocation(self.allocation, move, num_devices)
+            except ValueError as exc:
+                self.skipped_resizes.append(f"step {step}: {exc}")
+                return None
+            plan = plan_resize(self.allocation, target)
             report = await self.executor.execute(plan, self._optimizer_step)
             if report.ok:
                 self.allocation = plan.target
@@ -275,7 +283,7 @@ class Orchestrator:
     def start_serving(self, device: Device) -> None:
         self.engine_version[device.index] = self._served_version
         if self._run is not None:
-            self._run.add_device(device)
+            self._run.add_devices([device])
 
     def current_weights(self) -> tuple[int, WeightHandle]:
         version = min(self._rollout_version, self.versions.latest)
@@ -301,6 +309,7 @@ class Orchestrator:
                                                      len(self.devices)), 4),
             "num_resizes": num_resizes,
             "num_failed_resizes": len(self.resizes) - num_resizes,
+            "num_skipped_resizes": len(self.skipped_resizes),
             "final_reward": metrics[-1]["reward_mean"] if metrics else 0.0,
             "param_sum": param_sum, "param_sha256": param_sha,
         }

@@ -17,12 +17,21 @@ from dynaresize.protocols import RealClock
 from dynaresize.rundir import RunDir
 
 
+def _save_model(handle: Any, path: Path) -> None:
+    import ray
+    import torch
+
+    torch.save(ray.get(handle), path)
+
+
 def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None = None,
-                 pool: Any = None, progress: Progress | None = None) -> dict[str, Any]:
+                 pool: Any = None, progress: Progress | None = None,
+                 fail_op: Any = None) -> dict[str, Any]:
     """Run `cfg` on Ray devices; write the run directory; return summary.json's content.
 
     `pool`: an existing DevicePool to reuse (tests share one per session); else one is
-    started for this run (and a local Ray cluster on loopback, unless `address` is given)."""
+    started for this run (and a local Ray cluster on loopback, unless `address` is given).
+    `fail_op(resize_index, op) -> bool`: failure injection for tests."""
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.tasks import make_task
@@ -50,10 +59,13 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         def on_step(record: dict[str, Any]) -> None:
             progress.step(record)
 
-        orch = Orchestrator(cfg, devices, RealClock(), task, rundir, on_step=on_step)
+        orch = Orchestrator(cfg, devices, RealClock(), task, rundir, on_step=on_step,
+                            fail_op=fail_op)
         progress.status("building models and process groups…")
         summary = asyncio.run(orch.run())
         progress.close()
+        if cfg.output.save_model and rundir.path is not None:
+            _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")
         return summary
     finally:
         rundir.close()

@@ -14,6 +14,7 @@ Consumes: RequestSpecs of one step. Waits for: devices' slices. Produces: Comple
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ class RolloutRun:
         """device → [first slice start, last slice end] in this step."""
         self.finished = asyncio.Event()
         self._slots: dict[int, _Slot] = {}
+        self._free: list[tuple[int, int]] = []
+        """Heap of (load, device) candidates; stale entries are skipped when popped."""
         if self.remaining == 0:
             self.finished.set()
 
@@ -60,11 +63,13 @@ class RolloutRun:
         return sorted(i for i, s in self._slots.items() if not s.leaving)
 
     # ------------------------------------------------------------------ membership
-    def add_device(self, device: Device) -> None:
-        """Start serving on `device` (new at step start, or joining mid-step)."""
-        slot = _Slot(device)
-        self._slots[device.index] = slot
-        slot.task = asyncio.ensure_future(self._drive(slot))
+    def add_devices(self, devices: Sequence[Device]) -> None:
+        """Start serving on `devices` (at step start, or joining mid-step)."""
+        for device in devices:
+            slot = _Slot(device)
+            self._slots[device.index] = slot
+            heapq.heappush(self._free, (0, device.index))
+            slot.task = asyncio.ensure_future(self._drive(slot))
         self._dispatch()
 
     async def stop_admission(self, device: Device) -> None:
@@ -94,15 +99,17 @@ class RolloutRun:
         await asyncio.gather(*tasks)
 
     def _dispatch(self) -> None:
-        while self.queue:
-            free = [s for s in self._slots.values()
-                    if not s.leaving and s.load < self.max_running]
-            if not free:
-                return
-            slot = min(free, key=lambda s: (s.load, s.device.index))
+        """Give queued work to the least-loaded device with a free slot (ties: lowest index)."""
+        while self.queue and self._free:
+            load, index = heapq.heappop(self._free)
+            slot = self._slots.get(index)
+            if slot is None or slot.leaving or slot.load != load or load >= self.max_running:
+                continue  # stale entry
             slot.pending.append(self.queue.popleft())
             slot.load += 1
             slot.wake.set()
+            if slot.load < self.max_running:
+                heapq.heappush(self._free, (slot.load, index))
 
     async def _drive(self, slot: _Slot) -> None:
         while not self.finished.is_set() and not slot.leaving:
@@ -119,6 +126,7 @@ class RolloutRun:
             span[1] = self.clock.now()
             if completions:
                 slot.load -= len(completions)
+                heapq.heappush(self._free, (slot.load, slot.device.index))
                 self.remaining -= len(completions)
                 self.completions.extend(completions)
                 self.on_completions(completions)

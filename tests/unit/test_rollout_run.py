@@ -1,0 +1,93 @@
+"""RolloutRun in-process with fake devices: dispatch, completion, devices leaving mid-step."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dynaresize.protocols import RealClock
+from dynaresize.rollout.scheduler import RolloutRun
+from dynaresize.types import Completion, InflightRequest, RequestSpec
+
+
+class FakeEngine:
+    """Finishes each request after `spec.max_new_tokens` slices of one token each."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.running: list[InflightRequest] = []
+        self.max_seen = 0
+
+    async def submit(self, requests: list) -> None:
+        for r in requests:
+            self.running.append(r if isinstance(r, InflightRequest) else InflightRequest(r))
+        self.max_seen = max(self.max_seen, len(self.running))
+
+    async def run_rollout(self, max_s: float) -> list[Completion]:
+        await asyncio.sleep(0)
+        done = []
+        for r in self.running:
+            r.generated.append(len(r.generated) + r.spec.sample)
+        for r in list(self.running):
+            if len(r.generated) >= r.spec.max_new_tokens:
+                self.running.remove(r)
+                done.append(Completion(r.spec, list(r.generated), [0.0] * len(r.generated),
+                                       "length", self.index, 0))
+        return done
+
+    async def export_inflight(self) -> list[InflightRequest]:
+        out, self.running = self.running, []
+        return out
+
+
+def specs(n: int) -> list[RequestSpec]:
+    return [RequestSpec(0, i // 4, i % 4, 0, (1,), 1 + (i * 7) % 9, i) for i in range(n)]
+
+
+def test_every_request_completes_once_within_capacity() -> None:
+    async def main() -> tuple[list[Completion], list[FakeEngine]]:
+        engines = [FakeEngine(i) for i in range(3)]
+        run = RolloutRun(RealClock(), specs(40), max_running=4, slice_s=1.0,
+                         on_completions=lambda c: None)
+        run.add_devices(engines)
+        await run.wait()
+        return run.completions, engines
+
+    completions, engines = asyncio.run(main())
+    assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(40))
+    assert all(e.max_seen <= 4 for e in engines)
+    assert {c.device for c in completions} == {0, 1, 2}
+
+
+def test_leaving_device_migrates_its_requests_without_changing_tokens() -> None:
+    async def main() -> list[Completion]:
+        engines = [FakeEngine(i) for i in range(2)]
+        run: RolloutRun
+
+        def on_done(done: list[Completion]) -> None:
+            if run.num_finished >= 10 and not moved:
+                moved.append(asyncio.ensure_future(leave(engines[1])))
+
+        async def leave(engine: FakeEngine) -> None:
+            await run.stop_admission(engine)
+            left_at.append(len(run.completions))
+            exported = await engine.export_inflight()
+            migrated.extend(exported)
+            run.requeue(engine, exported)
+
+        moved: list = []
+        migrated: list = []
+        left_at: list[int] = []
+        run = RolloutRun(RealClock(), specs(32), max_running=8, slice_s=1.0,
+                         on_completions=on_done)
+        run.add_devices(engines)
+        await run.wait()
+        await asyncio.gather(*moved)
+        assert migrated, "the test must migrate something"
+        assert all(c.device == 0 for c in run.completions[left_at[0]:])
+        return run.completions
+
+    completions = asyncio.run(main())
+    keys = [c.spec.key for c in completions]
+    assert len(keys) == len(set(keys)) == 32
+    for c in completions:  # tokens are a function of the request only
+        assert c.tokens == [j + c.spec.sample for j in range(c.spec.max_new_tokens)]
