@@ -35,7 +35,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dynaresize.allocation import Allocation
-from dynaresize.config import Config, ResizeEntry, schedule_order
+from dynaresize.config import Config
+from dynaresize.controller import Controller, RunView, StepTiming, make_controller
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.resize.executor import ResizeExecutor, ResizeReport
 from dynaresize.resize.planner import Op, plan_resize, target_allocation
@@ -89,7 +90,8 @@ class Orchestrator:
     def __init__(self, cfg: Config, devices: Sequence[Device], clock: Clock,
                  source: PromptSource, rundir: RunDir,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
-                 fail_op: Callable[[int, Op], bool] | None = None) -> None:
+                 fail_op: Callable[[int, Op], bool] | None = None,
+                 controller: Controller | None = None) -> None:
         if len(devices) != cfg.num_devices:
             raise ValueError(f"config wants {cfg.num_devices} devices, got {len(devices)}")
         self.cfg = cfg
@@ -109,6 +111,11 @@ class Orchestrator:
         self._run: RolloutRun | None = None
         self._rollout_version = 0
         self._served_version = 0
+        self.controller = controller or make_controller(cfg)
+        self.history: list[StepTiming] = []
+        self._step = 0
+        self._rollout_started_s = 0.0
+        self._rollout_s: dict[int, float] = {}
         self._train_lock = asyncio.Lock()
         self._optimizer_step = 0
         self._resizes_in_step: dict[int, int] = {}
@@ -151,11 +158,10 @@ class Orchestrator:
     async def _rollout_loop(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
         cfg = self.cfg
-        schedule = schedule_order(cfg)
         for step in range(cfg.run.steps):
-            entries = [e for e in schedule if e.step == step]
-            for entry in (e for e in entries if e.at == "start"):
-                await self.resize(entry.move, entry.num_devices, step)
+            self._step = step
+            for move in self.controller.at_step_start(self.view()):
+                await self.resize(move.move, move.num_devices, step)
             version = max(0, step - cfg.run.staleness)
             self._rollout_version = version
             await self._load_version(version, await self.versions.wait(version))
@@ -168,29 +174,26 @@ class Orchestrator:
                                  temperature=cfg.rollout.temperature)
                      for p in prompts for j in range(cfg.task.samples_per_prompt)]
             rewards: dict[tuple[int, int], float] = {}
-            triggers = [e for e in entries if e.at != "start"]
-            fired: list[asyncio.Task[None]] = []
+            fired: list[asyncio.Future[Any]] = []
 
             def on_done(done: list[Completion], step: int = step, by_id: dict = by_id,
-                        rewards: dict = rewards, triggers: list[ResizeEntry] = triggers,
-                        fired: list = fired) -> None:
+                        rewards: dict = rewards, fired: list = fired) -> None:
                 for c in done:
                     rewards[(c.spec.prompt, c.spec.sample)] = self.source.reward(
                         by_id[c.spec.prompt], list(c.tokens))
-                run = self._run
-                while triggers and run is not None and \
-                        run.num_finished >= triggers[0].fraction * run.total:
-                    e = triggers.pop(0)
-                    fired.append(asyncio.ensure_future(self.resize(e.move, e.num_devices, step)))
+                for move in self.controller.on_rollout_progress(self.view()):
+                    fired.append(asyncio.ensure_future(
+                        self.resize(move.move, move.num_devices, step)))
 
-            t_roll = self.clock.now()
+            self._rollout_started_s = self.clock.now()
             run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
                              cfg.rollout.slice_s, on_done)
             self._run = run
             run.add_devices(self._rollout_devices())
             await run.wait()
             self._run = None
-            rollout_s = self.clock.now() - t_roll
+            rollout_s = self.clock.now() - self._rollout_started_s
+            self._rollout_s[step] = rollout_s
             for device, (a, b) in run.busy_s.items():
                 self.rundir.event(a, b, device, "rollout", critical=True, step=step)
             expected = {(p.id, j) for p in prompts for j in range(cfg.task.samples_per_prompt)}
@@ -198,9 +201,21 @@ class Orchestrator:
                                 cfg.output.record_tokens)
             self.rundir.samples(got.records)
             self._future(step).set_result(got)
-            for e in triggers:  # fractions never reached (e.g. F just below 1): apply now
-                fired.append(asyncio.ensure_future(self.resize(e.move, e.num_devices, step)))
+            for move in self.controller.at_rollout_end(self.view()):
+                fired.append(asyncio.ensure_future(
+                    self.resize(move.move, move.num_devices, step)))
             await asyncio.gather(*fired)
+
+    def view(self) -> RunView:
+        """The snapshot controllers decide from."""
+        run = self._run
+        return RunView(step=self._step, now_s=self.clock.now(), allocation=self.allocation,
+                       staleness=self.cfg.run.staleness,
+                       rollout_total=run.total if run else 0,
+                       rollout_finished=run.num_finished if run else 0,
+                       rollout_started_s=self._rollout_started_s,
+                       history=list(self.history),
+                       resize_critical_s=[r.critical_path_s for r in self.resizes if r.ok])
 
     async def _load_version(self, version: int, handle: WeightHandle) -> None:
         stale = [d for d in self._rollout_devices() if self.engine_version[d.index] != version]
@@ -247,6 +262,8 @@ class Orchestrator:
             }
             prev_end_s = t2
             self._train_end_s.append(t2)
+            self.history.append(StepTiming(step, got.rollout_s, t2 - t0, got.num_tokens,
+                                           len(self.allocation.rollout), len(trainers)))
             self.rundir.metric(record)
             self.on_step(record)
 

@@ -31,3 +31,43 @@ def bubble_fraction(events: list[dict[str, Any]], t0: float, t1: float,
                 cur_b = max(cur_b, b)
         busy += cur_b - cur_a
     return max(0.0, 1.0 - busy / (num_devices * span))
+
+
+ResizeEntry = tuple[int, str, tuple[int, ...], bool]
+"""(resize index, op kind, devices, ok): one op of one resize, or its `resize` summary."""
+
+
+def resize_sequence(events: list[dict[str, Any]]) -> list[ResizeEntry]:
+    """The timing-independent shape of a run's resizes, from events.jsonl records.
+
+    Consumes every `resize.<op>` event and the per-device `resize` summaries; produces one
+    entry per (resize index, op kind) with the sorted devices it ran on, and one
+    `(index, "resize", moved devices, ok)` per resize; sorted by (index, kind). Live and
+    simulated runs of the same forced schedule must give equal lists (acceptance 1): op
+    timings differ, the ops, their devices and the moved devices may not."""
+    devices: dict[tuple[int, str], set[int]] = {}
+    ok: dict[int, bool] = {}
+    for e in events:
+        kind = e["kind"]
+        if kind != "resize" and not kind.startswith("resize."):
+            continue
+        index = int(e["resize"])
+        devices.setdefault((index, kind), set()).add(int(e["device"]))
+        if kind == "resize":
+            ok[index] = bool(e.get("ok", True))
+    return [(index, kind, tuple(sorted(devs)), ok.get(index, True))
+            for (index, kind), devs in sorted(devices.items())]
+
+
+def allocation_sequence(sequence: list[ResizeEntry], num_rollout_devices: int,
+                        num_devices: int) -> list[tuple[int, ...]]:
+    """The rollout pools a run went through: the initial one (devices 0..R-1), then one per
+    successful resize (a moved device switches role). Consumes `resize_sequence` output."""
+    pool = set(range(num_rollout_devices))
+    out = [tuple(sorted(pool))]
+    for index, kind, moved, ok in sequence:
+        if kind == "resize" and ok:
+            pool ^= set(moved)
+            assert pool and len(pool) < num_devices, f"resize {index} empties a pool"
+            out.append(tuple(sorted(pool)))
+    return out

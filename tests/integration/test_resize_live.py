@@ -14,11 +14,11 @@ from dynaresize.rundir import read_jsonl
 pytestmark = pytest.mark.ray
 
 BASE = ["run.steps=4", "run.staleness=1", "task.prompts_per_step=4", "task.samples_per_prompt=4",
-        "task.max_new_tokens=16", "train.micro_batch_size=2", "output.progress='plain'",
-        "rollout.max_running_requests=8", "rollout.slice_s=0.02",
+        "task.max_new_tokens=24", "train.micro_batch_size=2", "output.progress='plain'",
+        "rollout.max_running_requests=4", "rollout.slice_s=0.02",
         "resize.staging_bytes=4096"]
 SCHEDULE = ("resize.schedule=["
-            "{step=0, at='rollout:0.5', move='rollout->train', num_devices=1},"
+            "{step=0, at='rollout:0.25', move='rollout->train', num_devices=1},"
             "{step=1, at='start', move='train->rollout', num_devices=2},"
             "{step=2, at='rollout:0.3', move='rollout->train', num_devices=1},"
             "{step=3, at='rollout:0.4', move='train->rollout', num_devices=1}]")
@@ -64,7 +64,7 @@ def test_forced_schedule_is_invisible_in_samples_and_weights(
     events = read_jsonl(tmp_path / "events.jsonl")
     resizes = [e for e in events if e["kind"] == "resize"]
     assert resizes and all(e["ok"] for e in resizes)
-    assert sum(e["migrated"] for e in resizes if e["device"] in (1, 2)) > 0  # mid-rollout moves
+    assert sum(e["migrated"] for e in resizes) > 0  # mid-rollout moves migrated requests
     kinds = {e["kind"] for e in events}
     assert {"resize.export_inflight", "resize.reshard", "resize.commit",
             "resize.load_weights"} <= kinds

@@ -154,7 +154,14 @@ class DeviceActor:
             self._build_engine()
 
     # ------------------------------------------------------------------ rollout
-    def load_weights(self, version: int, state_dict: dict[str, Any]) -> None:
+    def load_weights(self, version: int, state_dict: dict[str, Any] | None) -> None:
+        """Install `version`; None means the initial weights (version 0, rebuilt from the
+        model factory, identical on every device)."""
+        if state_dict is None:
+            if version != 0:
+                raise ValueError(f"no weights given for version {version}")
+            self._build_engine()
+            return
         if self.engine is None:
             self._build_engine()
         self.engine.load_weights(state_dict, version)

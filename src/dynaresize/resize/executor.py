@@ -94,8 +94,9 @@ class ResizeExecutor:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            committed = any(op.kind == "commit" and done[op.id].done() for op in plan.ops)
-            if committed:
+            committed = any(op.kind == "commit" and op.id in report.durations_s
+                            for op in plan.ops)
+            if committed:  # past the point of no return: the caller must see it
                 raise
             report.ok = False
             report.error = f"{type(exc).__name__}: {exc}"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,15 @@ class ResizeCosts:
     """Engine warm-up (CUDA-graph capture with cached kernels)."""
     export_per_request_s: float = 1e-5
     """Serialising one in-flight request (token prefix + sampler state)."""
+    staging_chunk_s: float = 1e-4
+    """Per staging-buffer chunk of a reshard: one send/recv round plus a copy launch."""
+    release_weights_s: float = 0.05
+    """Freeing the rollout engine's weights, or a former trainer's state (deferrable)."""
+    commit_s: float = 0.01
+    """Swapping in the prepared trainer: a barrier over the new group."""
+    offload_bytes_per_s: float = 25e9
+    """Host <-> device copies of training state (PCIe 5 x16, about half of peak); only the
+    `colocated` baseline offloads, as a hybrid engine does between its two roles."""
 
 
 @dataclass(frozen=True)
@@ -203,9 +213,43 @@ class CostModel:
     def reshard_s(self, num_bytes: float) -> float:
         return num_bytes / self.resize.reshard_bytes_per_s
 
+    def reshard_plan_s(self, old_members: tuple[int, ...], new_members: tuple[int, ...],
+                       staging_bytes: int) -> tuple[float, dict[int, float]]:
+        """The bounded-staging reshard from `old_members` to `new_members`: (wall seconds of
+        the whole collective, bytes each device sends). See `reshard_bytes`."""
+        sent, busiest = reshard_bytes(old_members, new_members,
+                                      self.model.num_params * self.model.train_state_bytes_per_param)
+        chunks = math.ceil(busiest / max(1, staging_bytes))
+        return self.reshard_s(busiest) + chunks * self.resize.staging_chunk_s, sent
+
     def train_state_bytes(self, num_devices: int) -> float:
         """One rank's share of the sharded training state (what leaves with it)."""
         return self.model.num_params * self.model.train_state_bytes_per_param / num_devices
+
+
+@lru_cache(maxsize=256)
+def reshard_bytes(old_members: tuple[int, ...], new_members: tuple[int, ...],
+                  state_bytes: float) -> tuple[dict[int, float], float]:
+    """Bytes each device sends when dim-0 shards of `state_bytes` move from an even split over
+    `old_members` to one over `new_members` (rank r = r-th smallest device; what a device
+    owns in both layouts stays local), and the most any one device sends or receives.
+    O(len(old) + len(new)); cached, since every member of a resize asks for the same plan."""
+    old, new = sorted(old_members), sorted(new_members)
+    old_rank = {d: r for r, d in enumerate(old)}
+    new_rank = {d: r for r, d in enumerate(new)}
+
+    def span(rank: int, size: int) -> tuple[float, float]:
+        return rank * state_bytes / size, (rank + 1) * state_bytes / size
+
+    sent: dict[int, float] = {}
+    busiest = 0.0
+    for d in set(old) | set(new):
+        a = span(old_rank[d], len(old)) if d in old_rank else (0.0, 0.0)
+        b = span(new_rank[d], len(new)) if d in new_rank else (0.0, 0.0)
+        kept = max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+        sent[d] = (a[1] - a[0]) - kept
+        busiest = max(busiest, sent[d], (b[1] - b[0]) - kept)
+    return sent, busiest
 
 
 H100 = GpuSpec("H100-SXM", hbm_bytes_per_s=3.35e12, bf16_flops_per_s=989e12, memory_bytes=80e9)

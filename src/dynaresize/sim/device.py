@@ -81,6 +81,7 @@ class SimDevice:
         self._kv_tokens = 0
         self._groups: set[tuple[int, ...]] = set()
         self._members: tuple[int, ...] = ()
+        self._next_members: tuple[int, ...] = ()
         self.busy_s = 0.0
         """Virtual seconds this device spent charged with work (for utilisation checks)."""
 
@@ -190,9 +191,63 @@ class SimDevice:
         self._waiting.clear()
         self._finish_heap.clear()
         self._kv_tokens = 0
-        await self._spend(self.costs.resize.release_kv_s
-                          + len(out) * self.costs.resize.export_per_request_s)
+        await self._spend(len(out) * self.costs.resize.export_per_request_s)
         return out
+
+    # ------------------------------------------------------------------ resize ops (DESIGN §4)
+    async def release_kv(self) -> None:
+        """Free the KV cache of an empty engine: `release_kv_s`."""
+        assert not self._running and not self._waiting, "release_kv on a busy engine"
+        self.role = Role.IDLE
+        await self._spend(self.costs.resize.release_kv_s)
+
+    async def release_rollout_weights(self) -> None:
+        """Drop the engine's weights (deferrable): `release_weights_s`."""
+        await self._spend(self.costs.resize.release_weights_s)
+
+    async def alloc_kv(self) -> None:
+        """Allocate the KV cache and warm the engine up: `alloc_kv_s + start_serving_s`."""
+        await self._spend(self.costs.resize.alloc_kv_s + self.costs.resize.start_serving_s)
+        self.role = Role.ROLLOUT
+
+    async def join_group(self, members: tuple[int, ...]) -> bool:
+        """Communicator cache keyed by the member set: `join_group_first_s` the first time
+        this device sees `members`, `join_group_cached_s` after. True if created."""
+        key = tuple(sorted(members))
+        created = key not in self._groups
+        self._groups.add(key)
+        r = self.costs.resize
+        await self._spend(r.join_group_first_s if created else r.join_group_cached_s)
+        return created
+
+    async def reshard(self, old_members: tuple[int, ...], new_members: tuple[int, ...],
+                      generation: int, optimizer_step: int, staging_bytes: int
+                      ) -> dict[str, float]:
+        """The whole collective's time under the bounded-staging model
+        (`CostModel.reshard_plan_s`): every member waits for the busiest one. Returns this
+        device's `bytes_sent`."""
+        wall_s, sent = self.costs.reshard_plan_s(tuple(old_members), tuple(new_members),
+                                                 staging_bytes)
+        self._next_members = tuple(sorted(new_members)) if self.index in new_members else ()
+        await self._spend(wall_s)
+        return {"bytes_sent": float(sent.get(self.index, 0.0))}
+
+    async def commit_train_group(self, new_members: tuple[int, ...]) -> None:
+        """Switch to the prepared group (members) or stop training (others): `commit_s`."""
+        if self.index in new_members:
+            self._members, self.role = tuple(sorted(new_members)), Role.TRAIN
+        else:
+            self._members = ()
+        self._next_members = ()
+        await self._spend(self.costs.resize.commit_s)
+
+    async def abort_reshard(self) -> None:
+        """Discard the prepared layout; the old one stays in charge (free)."""
+        self._next_members = ()
+
+    async def drop_trainer(self) -> None:
+        """Free a former trainer's state (deferrable): `release_weights_s`."""
+        await self._spend(self.costs.resize.release_weights_s)
 
     # ------------------------------------------------------------------ train role
     async def join_train_group(self, members: tuple[int, ...], generation: int) -> None:
@@ -201,9 +256,10 @@ class SimDevice:
                 self.role = Role.IDLE
             return
         r = self.costs.resize
-        cost_s = r.join_group_cached_s if members in self._groups else r.join_group_first_s
-        self._groups.add(members)
-        self._members = members
+        key = tuple(sorted(members))
+        cost_s = r.join_group_cached_s if key in self._groups else r.join_group_first_s
+        self._groups.add(key)
+        self._members = key
         self.role = Role.TRAIN
         await self._spend(cost_s)
 

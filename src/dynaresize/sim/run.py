@@ -1,168 +1,187 @@
-"""`simulate`: the unchanged `Orchestrator` on `SimDevice`s in virtual time, per policy.
+"""`simulate`: every policy on one workload, the unchanged `Orchestrator` on `SimDevice`s.
 
-Per policy, one run = `Orchestrator(cfg, make_devices(...), clock, SimPromptSource(workload),
-RunDir(None)).run()` under `VirtualClock.run`; its metrics become a `results` row of issue 4:
-`{"policy","split","mean_step_s","p99_step_s","samples_per_s","tokens_per_s",
-"bubble_fraction","num_resizes"}`. `oracle` is computed by `oracle.py` (resizes free).
+Policies (`simulate(policies=...)`):
 
-`static` reports the best split in hindsight, found coarse-to-fine: evaluate ~8 rollout-device
-counts spread over 1..N-1 on a probe (`probe_steps` steps spread evenly over the run), then
-repeatedly evaluate the neighbours of the best at half the spacing until the spacing is 1;
-finally the whole run at the best split. It assumes the mean step time is unimodal in the split
-(true of the cost model: more rollout devices shorten rollout and lengthen training).
+- `static`: the best split in hindsight, found coarse-to-fine: the coarse level scores every
+  split 1..N-1 in closed form (`analytic_step_s`, from the oracle's per-step terms); the fine
+  levels simulate a probe (`probe_steps` steps spread over the run) at the best and its
+  neighbours at spacing N/16, halving (down to 1 for N <= 64; to N/256 beyond, where a few
+  devices change the step time by well under 1%); finally the whole run at the best split.
+  It assumes the mean step time is unimodal in the split near the analytic optimum.
+- `oracle`: the lower bound of `oracle.py` (resizes free).
+- `colocated`: `colocated.py` (all devices roll out, then all train, with the switch cost).
+- any policy registered with `dynaresize.controller.register_policy` (`borrow`, and
+  `hysteresis` once `dynaresize.hysteresis` exists): the orchestrator with that controller,
+  starting from the best static split (searched once, shared with `static`).
+
+Each row is issue 4's `{"policy","split","mean_step_s","p99_step_s","samples_per_s",
+"tokens_per_s","bubble_fraction","num_resizes"}` plus extras. With `out_dir`, every simulated
+policy writes a live-like run directory to `out_dir/<policy>/`.
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import importlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dynaresize.config import Config, validate
-from dynaresize.orchestrator import Orchestrator
-from dynaresize.rundir import RunDir
-from dynaresize.sim.clock import VirtualClock
+from dynaresize.controller import CONTROLLERS
+from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
-from dynaresize.sim.device import make_devices
-from dynaresize.sim.oracle import oracle_result, oracle_steps
-from dynaresize.sim.workloads import StepRequests, Workload, resolve_workload
+from dynaresize.sim.harness import StepSubset, results_row, run_config, sim_config
+from dynaresize.sim.oracle import (
+    oracle_result,
+    oracle_steps,
+    rollout_device_s,
+    tail_s,
+    trained_tokens,
+)
+from dynaresize.sim.workloads import Workload, resolve_workload
 
-SIM_POLICIES = ("static", "oracle")
-
-
-@dataclass(frozen=True)
-class SimPrompt:
-    id: int
-    """The prompt's index within its step (the workload's `prompt`)."""
-    tokens: tuple[int, ...]
-    """Stand-in: `(num_prompt_tokens,)`; devices look up the true length."""
-
-
-class SimPromptSource:
-    """The orchestrator's task in the twin: stand-in prompts; reward 1 unless truncated."""
-
-    def __init__(self, workload: Workload) -> None:
-        self.workload = workload
-
-    def batch(self, step: int, num_prompts: int, seed: int) -> list[SimPrompt]:
-        lengths = self.workload.step_requests(step).prompt_tokens
-        return [SimPrompt(i, (int(lengths[i]),)) for i in range(num_prompts)]
-
-    def reward(self, prompt: Any, response_tokens: list[int]) -> float:
-        return 0.0 if response_tokens[0] >= self.workload.max_response_tokens else 1.0
+BUILTIN_POLICIES = ("static", "colocated", "oracle")
+POLICY_MODULES = ("dynaresize.borrow", "dynaresize.hysteresis")
+"""Modules that register controller policies on import (missing ones are skipped)."""
 
 
-class _StepSubset(Workload):
-    """`workload` seen through a step map: step i of this view is step `steps[i]`."""
-
-    def __init__(self, workload: Workload, steps: list[int]) -> None:
-        self._inner, self._steps = workload, steps
-        self.name = workload.name
-        self.prompts_per_step = workload.prompts_per_step
-        self.samples_per_prompt = workload.samples_per_prompt
-        self.max_response_tokens = workload.max_response_tokens
-        self.num_steps = len(steps)
-
-    def step_requests(self, step: int) -> StepRequests:
-        return self._inner.step_requests(self._steps[step])
+def load_policies() -> tuple[str, ...]:
+    """Import the policy modules; return every policy name `simulate` accepts."""
+    for name in POLICY_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    controllers = tuple(sorted(p for p in CONTROLLERS if p not in BUILTIN_POLICIES))
+    return BUILTIN_POLICIES + controllers
 
 
-def sim_config(workload: Workload, num_rollout: int, num_train: int, steps: int,
-               staleness: int, seed: int, costs: CostModel) -> Config:
-    """The run configuration the twin hands the orchestrator."""
-    cfg = Config()
-    cfg.run.steps, cfg.run.staleness, cfg.run.seed = steps, staleness, seed
-    cfg.task.prompts_per_step = workload.prompts_per_step
-    cfg.task.samples_per_prompt = workload.samples_per_prompt
-    cfg.task.max_new_tokens = workload.max_response_tokens
-    cfg.rollout.max_running_requests = costs.max_running_requests
-    cfg.rollout.slice_s = 30.0
-    cfg.train.micro_batch_size = workload.samples_per_prompt
-    cfg.allocation.num_rollout_devices, cfg.allocation.num_train_devices = num_rollout, num_train
-    cfg.devices.backend = "sim"
-    validate(cfg, check_machine=False)
-    return cfg
+def default_policies() -> tuple[str, ...]:
+    """static, colocated, borrow, hysteresis (if registered) and oracle."""
+    known = load_policies()
+    return tuple(p for p in ("static", "colocated", "borrow", "hysteresis", "oracle")
+                 if p in known)
 
 
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic GC during a run: a step allocates ~10^5 short-lived objects, and
-    generation-2 collections otherwise take half the wall time. Collected once after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-        gc.collect()
+def _sub(out_dir: str | Path | None, policy: str) -> Path | None:
+    return Path(out_dir) / policy if out_dir is not None else None
 
 
 def run_static(workload: Workload, gpus: int, num_rollout: int, steps: int, staleness: int,
-               seed: int, costs: CostModel) -> dict[str, Any]:
+               seed: int, costs: CostModel, out_dir: str | Path | None = None
+               ) -> dict[str, Any]:
     """One orchestrator run at a fixed split; returns its results row."""
     cfg = sim_config(workload, num_rollout, gpus - num_rollout, steps, staleness, seed, costs)
-    clock = VirtualClock()
-    devices = make_devices(gpus, num_rollout, costs, workload, clock)
-    rundir = RunDir(None)
-    with _no_gc():
-        summary = clock.run(Orchestrator(cfg, devices, clock, SimPromptSource(workload),
-                                         rundir).run())
-    step_s = np.array([m["step_s"] for m in rundir.metrics])
-    return {"policy": "static", "split": {"rollout": num_rollout, "train": gpus - num_rollout},
-            "mean_step_s": float(step_s.mean()), "p99_step_s": float(np.percentile(step_s, 99)),
-            "samples_per_s": summary["samples_per_s"], "tokens_per_s": summary["tokens_per_s"],
-            "bubble_fraction": summary["bubble_fraction"],
-            "num_resizes": summary["num_resizes"]}
+    run = run_config(cfg, workload, costs, out_dir=out_dir)
+    return results_row("static", run, {"rollout": num_rollout, "train": gpus - num_rollout})
 
 
-def best_static(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
-                costs: CostModel, probe_steps: int = 4) -> dict[str, Any]:
-    """Coarse-to-fine search of the split (module docstring); the full run at the best."""
+def analytic_step_s(costs: CostModel, workload: Workload, steps: list[int], gpus: int,
+                    num_rollout: int, staleness: int) -> float:
+    """Closed-form estimate of the mean step time at a split (the coarse level of the
+    search): rollout = max(slowest request alone, the slowest request at half the per-engine
+    batch, rollout device-seconds / R), training =
+    `train_step_s` on N - R ranks plus a weight sync; their max (staleness 1) or sum (0)."""
+    total_s = 0.0
+    for k in steps:
+        req = workload.step_requests(k)
+        batch = min(costs.max_running_requests, -(-req.num_requests // num_rollout))
+        longest = int(req.response_tokens.max())
+        tail_at_batch_s = costs.decode_span_s(longest, max(1, batch // 2), 0)
+        roll_s = max(tail_s(costs, req), tail_at_batch_s,
+                     rollout_device_s(costs, req) / num_rollout)
+        train_s = costs.train_step_s(trained_tokens(req), gpus - num_rollout) \
+            + costs.weight_sync_s()
+        total_s += max(roll_s, train_s) if staleness else roll_s + train_s
+    return total_s / len(steps)
+
+
+def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
+                 costs: CostModel, probe_steps: int = 2) -> tuple[int, int]:
+    """Coarse-to-fine search of the best static split (module docstring). Returns (best
+    number of rollout devices, number of splits simulated)."""
     if gpus < 2:
-        raise ValueError(f"gpus = {gpus}: static needs at least 2 (one per stage)")
-    probe = _StepSubset(workload, sorted({int(k) for k in
-                                          np.linspace(0, steps - 1, min(steps, probe_steps))}))
+        raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
+    picked = sorted({int(k) for k in np.linspace(0, steps - 1, min(steps, probe_steps))})
+    probe = StepSubset(workload, picked)
+    best = min(range(1, gpus), key=lambda r: analytic_step_s(costs, workload, picked, gpus, r,
+                                                             staleness))
     scores: dict[int, float] = {}
 
     def score(r: int) -> float:
         if r not in scores:
-            scores[r] = run_static(probe, gpus, r, probe.num_steps or 1, staleness, seed,
+            scores[r] = run_static(probe, gpus, r, len(picked), staleness, seed,
                                    costs)["mean_step_s"]
         return scores[r]
 
-    spacing = max(1, (gpus - 2) // 8)
-    best = min(range(1, gpus, spacing), key=score)
-    while spacing > 1:
-        spacing = max(1, spacing // 2)
+    spacing = max(1, gpus // 16)
+    while True:
         best = min((r for r in (best - spacing, best, best + spacing) if 1 <= r < gpus),
-                   key=score)
-    row = run_static(workload, gpus, best, steps, staleness, seed, costs)
-    row["num_splits_tried"] = len(scores)
+                   key=lambda r: (score(r), r))
+        if spacing == 1:
+            return best, len(scores)
+        spacing = max(1, spacing // 2) if gpus <= 64 else max(gpus // 256, spacing // 2)
+        if spacing == gpus // 256 and spacing > 1 and len(scores) > 6:
+            return best, len(scores)
+
+
+def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, steps: int,
+               staleness: int, seed: int, costs: CostModel,
+               out_dir: str | Path | None = None) -> dict[str, Any]:
+    """A registered controller policy through the orchestrator, from `num_rollout` devices."""
+    cfg = sim_config(workload, num_rollout, gpus - num_rollout, steps, staleness, seed, costs)
+    cfg.controller.policy = policy
+    run = run_config(cfg, workload, costs, CONTROLLERS[policy](cfg), out_dir)
+    row = results_row(policy, run, {"rollout": num_rollout, "train": gpus - num_rollout})
+    row["split_is_initial"] = True
     return row
 
 
-def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] = SIM_POLICIES,
+def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | None = None,
              steps: int = 50, staleness: int = 1, seed: int = 0,
-             cost_model: str | CostModel = "h100-7b",
-             requests_per_step: int | None = None) -> dict[str, Any]:
-    """Compare `policies` on one workload; the JSON object of `dynaresize simulate --json`."""
+             cost_model: str | CostModel = "h100-7b", requests_per_step: int | None = None,
+             out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Compare `policies` (default: `default_policies()`) on one workload; returns the JSON
+    object of `dynaresize simulate --json`. Raises ValueError for bad input."""
+    known = load_policies()
+    policies = tuple(policies) if policies is not None else default_policies()
+    unknown = [p for p in policies if p not in known]
+    if unknown:
+        raise ValueError(f"policy {unknown[0]!r}: allowed: {', '.join(known)}")
+    if gpus < 2:
+        raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
+    if steps < 1:
+        raise ValueError(f"steps = {steps}: must be >= 1")
+    if staleness not in (0, 1):
+        raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy), 1 (one-step-off)")
     wl = workload if isinstance(workload, Workload) else resolve_workload(
         workload, seed=seed, requests_per_step=requests_per_step)
     costs = cost_model if isinstance(cost_model, CostModel) else get_cost_model(cost_model)
     if wl.num_steps is not None and steps > wl.num_steps:
-        raise ValueError(f"steps = {steps}: the trace {wl.name} has {wl.num_steps}")
+        raise ValueError(f"steps = {steps}: the trace {wl.name} has only {wl.num_steps}")
+    best: tuple[int, int] | None = None
     results = []
     for policy in policies:
-        if policy == "static":
-            results.append(best_static(wl, gpus, steps, staleness, seed, costs))
-        elif policy == "oracle":
+        if policy == "oracle":
             results.append(oracle_result(oracle_steps(costs, wl, gpus, steps, staleness)))
+            continue
+        if policy == "colocated":
+            cfg = sim_config(wl, 1, gpus - 1, steps, 0, seed, costs)
+            run = run_colocated(cfg, wl, costs, _sub(out_dir, policy))
+            row = results_row("colocated", run, {"rollout": gpus, "train": gpus})
+            row["staleness"] = 0
+            results.append(row)
+            continue
+        if best is None:
+            best = search_split(wl, gpus, steps, staleness, seed, costs)
+        if policy == "static":
+            row = run_static(wl, gpus, best[0], steps, staleness, seed, costs,
+                             _sub(out_dir, policy))
+            row["num_splits_tried"] = best[1]
         else:
-            raise ValueError(f"policy {policy!r}: allowed in the simulator: "
-                             f"{', '.join(SIM_POLICIES)}")
-    return {"workload": wl.name, "gpus": gpus, "steps": steps, "results": results}
+            row = run_policy(policy, wl, gpus, best[0], steps, staleness, seed, costs,
+                             _sub(out_dir, policy))
+        results.append(row)
+    return {"workload": wl.name, "gpus": gpus, "steps": steps, "staleness": staleness,
+            "cost_model": f"{costs.gpu.name}/{costs.model.name}", "results": results}

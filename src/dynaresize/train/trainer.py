@@ -4,7 +4,10 @@ Consumes: a process group (the training group; may be a subgroup of the world, w
 ranks are rollout devices and make no call here), a unique `generation` (names the DeviceMesh,
 DESIGN §6), a factory returning the version-0 model (identical on every rank), a `TrainConfig`.
 Produces: one optimizer step per `train_step`, full CPU state on the group's rank 0
-(`full_state_dict`, `full_optim_state_dict`), a checksum identical on every rank.
+(`full_state_dict`, `full_optim_state_dict`), a checksum identical on every rank, and for
+resharding (`train.reshard_exec`) the local dim-0 shards (`local_shards`), the full shapes to
+plan with (`full_shapes`) and fresh AdamW state at a given step (`init_optimizer_state`); these
+three are local calls, not collectives.
 
 The constructor and every public method are COLLECTIVE over the group: all its ranks (and
 no other process) call them, in the same order; `train_step` with the same number of
@@ -31,6 +34,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from dynaresize.config import TrainConfig
+from dynaresize.resize.reshard import optim_state_name, with_optimizer_state
 from dynaresize.train.batching import MicroBatch, PackedBatch, pack
 from dynaresize.train.grpo import (
     clipped_token_count,
@@ -267,3 +271,51 @@ class FSDPTrainer:
             for key in OPTIM_KEYS:
                 full = optim_sd[name][key] if self.rank == 0 and optim_sd is not None else None
                 state[key] = self._shard_from_rank0(param, full)
+
+    # ------------------------------------------------------------------ resharding (local)
+
+    def full_shapes(self) -> dict[str, tuple[tuple[int, ...], int]]:
+        """Input of `resize.reshard.plan_reshard`: name -> (full shape, bytes per element) of
+        every parameter and of its AdamW moments (`name::exp_avg`, `name::exp_avg_sq`)."""
+        return with_optimizer_state({name: (tuple(p.shape), p.dtype.itemsize)
+                                     for name, p in self._named_params()})
+
+    def local_shards(self) -> dict[str, torch.Tensor]:
+        """This rank's dim-0 shards under the names of `full_shapes` (moments only once they
+        exist: after a step or `init_optimizer_state`). Detached views of the live storage:
+        copying into them in place under `torch.no_grad()` changes the trainer's state."""
+        out: dict[str, torch.Tensor] = {}
+        for name, param in self._named_params():
+            out[name] = _local(param).detach()
+            state = self.optimizer.state.get(param, {})
+            for key in OPTIM_KEYS:
+                if key in state:
+                    out[optim_state_name(name, key)] = _local(state[key])
+        return out
+
+    def optimizer_step_count(self) -> int:
+        """AdamW steps behind the current state (0 before the first step)."""
+        steps = {int(s["step"]) for s in self.optimizer.state.values() if "step" in s}
+        assert len(steps) <= 1, f"parameters disagree on the optimizer step: {steps}"
+        return steps.pop() if steps else 0
+
+    def has_optimizer_state(self) -> bool:
+        """True once every parameter has its AdamW moments."""
+        return all(all(k in self.optimizer.state.get(p, {}) for k in OPTIM_KEYS)
+                   for _, p in self._named_params())
+
+    def init_optimizer_state(self, step: int) -> None:
+        """Install AdamW state as after `step` steps, with zero moments (a reshard fills them),
+        so that the next `train_step` continues from step `step` + 1. Replaces any state."""
+        if step < 0:
+            raise ValueError(f"optimizer step must be >= 0, got {step}")
+        for _, param in self._named_params():
+            self.optimizer.state[param] = {
+                "step": torch.tensor(float(step), dtype=torch.float32),
+                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (a view of FSDP's storage), or `t` itself."""
+    return t.to_local() if isinstance(t, DTensor) else t

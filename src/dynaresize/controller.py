@@ -1,0 +1,106 @@
+"""Controllers: decide, from what the run measures, when to move which devices (DESIGN §3).
+
+The orchestrator asks its controller at three points of every step and applies the moves it
+returns (each a resize at the next optimizer-step boundary):
+
+- `at_step_start(view)`: before the step's rollout (inter-step split);
+- `on_rollout_progress(view)`: after completions arrive (intra-step: the thinning tail);
+- `at_rollout_end(view)`: once the step's last request finished.
+
+Controllers are pure decision logic over a `RunView` snapshot: no devices, no clocks, no I/O,
+so the same controller runs live and in the simulator. `ScheduleController` applies the
+config's forced `[[resize.schedule]]`; it is also the `static` policy (an empty schedule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dynaresize.allocation import Allocation
+from dynaresize.config import Config, ResizeEntry, schedule_order
+
+
+@dataclass(frozen=True)
+class Move:
+    move: str
+    """'rollout->train' or 'train->rollout'."""
+    num_devices: int
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    step: int
+    rollout_s: float
+    train_s: float
+    tokens: int
+    num_rollout_devices: int
+    num_train_devices: int
+
+
+@dataclass
+class RunView:
+    """What a controller may look at (a snapshot; mutating it changes nothing)."""
+
+    step: int
+    now_s: float
+    allocation: Allocation
+    staleness: int
+    rollout_total: int = 0
+    rollout_finished: int = 0
+    rollout_started_s: float = 0.0
+    history: list[StepTiming] = field(default_factory=list)
+    resize_critical_s: list[float] = field(default_factory=list)
+    """Measured critical-path time of each completed resize, in order."""
+
+
+class Controller(Protocol):
+    def at_step_start(self, view: RunView) -> list[Move]: ...
+
+    def on_rollout_progress(self, view: RunView) -> list[Move]: ...
+
+    def at_rollout_end(self, view: RunView) -> list[Move]: ...
+
+
+class ScheduleController:
+    """Forced resizes from `[[resize.schedule]]`; with none, the `static` policy."""
+
+    def __init__(self, entries: list[ResizeEntry]) -> None:
+        self._pending = list(entries)
+
+    def _take(self, step: int, fraction: float | None) -> list[Move]:
+        due = [e for e in self._pending if e.step < step or (
+            e.step == step and (fraction is None or e.fraction <= fraction))]
+        self._pending = [e for e in self._pending if e not in due]
+        return [Move(e.move, e.num_devices) for e in due]
+
+    def at_step_start(self, view: RunView) -> list[Move]:
+        return self._take(view.step, 0.0)
+
+    def on_rollout_progress(self, view: RunView) -> list[Move]:
+        if not view.rollout_total:
+            return []
+        return self._take(view.step, view.rollout_finished / view.rollout_total)
+
+    def at_rollout_end(self, view: RunView) -> list[Move]:
+        return self._take(view.step, None)
+
+
+CONTROLLERS: dict[str, Callable[[Config], Controller]] = {
+    "static": lambda cfg: ScheduleController(schedule_order(cfg)),
+}
+"""Policy name → factory. Other modules register theirs (see `register_policy`)."""
+
+
+def register_policy(name: str, factory: Callable[[Config], Controller]) -> None:
+    CONTROLLERS[name] = factory
+
+
+def make_controller(cfg: Config) -> Controller:
+    try:
+        factory = CONTROLLERS[cfg.controller.policy]
+    except KeyError:
+        raise ValueError(f"controller.policy = {cfg.controller.policy!r}: allowed "
+                         f"{', '.join(sorted(CONTROLLERS))}") from None
+    return factory(cfg)

@@ -1,0 +1,144 @@
+"""`dynaresize simulate` and `dynaresize calibrate` (registered through `register`).
+
+Arguments are checked before anything heavy runs; bad input raises `UsageError` /
+`ConfigError`, which `dynaresize.cli.main` turns into exit code 2 with the message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dynaresize.cli import UsageError
+
+TABLE_COLUMNS = (("policy", "policy", "{}"), ("split", "split R/T", "{}"),
+                 ("mean_step_s", "mean step s", "{:.2f}"), ("p99_step_s", "p99 step s", "{:.2f}"),
+                 ("samples_per_s", "samples/s", "{:.2f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
+                 ("bubble_fraction", "bubble", "{:.1%}"), ("num_resizes", "resizes", "{}"))
+
+
+def _split_text(split: Any) -> str:
+    if not split:
+        return "-"
+    return f"{split['rollout']}/{split['train']}"
+
+
+def format_table(out: dict[str, Any]) -> str:
+    """The text mode of `simulate`: a header and one line per policy."""
+    rows = []
+    for r in out["results"]:
+        cells = []
+        for key, _, fmt in TABLE_COLUMNS:
+            value = r.get(key)
+            cells.append(_split_text(value) if key == "split" else fmt.format(value))
+        rows.append(cells)
+    head = [title for _, title, _ in TABLE_COLUMNS]
+    widths = [max(len(h), *(len(c[i]) for c in rows)) for i, h in enumerate(head)]
+    lines = [f"workload {out['workload']}, {out['gpus']} GPUs ({out.get('cost_model', '')}), "
+             f"{out['steps']} steps, staleness {out.get('staleness', '')}",
+             "  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                        enumerate(zip(cells, widths))) for cells in rows]
+    oracle = next((r for r in out["results"] if r["policy"] == "oracle"), None)
+    if oracle:
+        lines.append(f"oracle: {oracle['tail_bound_steps']} tail-bound, "
+                     f"{oracle['work_bound_steps']} work-bound steps")
+    return "\n".join(lines)
+
+
+def _policies(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not names:
+        raise UsageError(f"--policy {text!r}: give a comma-separated list of policies")
+    return names
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Consumes the parsed arguments; prints the table or the JSON object; writes --out."""
+    from dynaresize.sim.calibrate import load_calibration, trace_from_run
+    from dynaresize.sim.run import simulate
+    from dynaresize.sim.workloads import resolve_workload
+
+    if args.gpus < 2:
+        raise UsageError(f"--gpus {args.gpus}: must be >= 2 (one device per stage)")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: must be >= 1")
+    if args.requests_per_step is not None and args.requests_per_step < 1:
+        raise UsageError(f"--requests-per-step {args.requests_per_step}: must be >= 1")
+    try:
+        costs: Any = args.cost_model
+        if args.calibration:
+            costs = load_calibration(args.calibration)
+        if args.from_run:
+            workload: Any = trace_from_run(args.from_run)
+        else:
+            workload = resolve_workload(args.workload, seed=args.seed,
+                                        requests_per_step=args.requests_per_step)
+        steps = args.steps or (workload.num_steps if workload.num_steps else 50)
+        out = simulate(workload, args.gpus, _policies(args.policy), steps=steps,
+                       staleness=args.staleness, seed=args.seed, cost_model=costs,
+                       out_dir=args.out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "simulate.json").write_text(json.dumps(out, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(format_table(out))
+        if args.out:
+            print(f"run directories: {args.out}/<policy>/ (see `dynaresize report DIR`)")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Fit cost-model parameters from a live run directory; print them; write JSON."""
+    from dynaresize.sim.calibrate import calibrate, write_calibration
+
+    try:
+        fit = calibrate(args.run_dir)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    path = Path(args.out) if args.out else Path(args.run_dir) / "calibration.json"
+    write_calibration(fit, path)
+    for key, value in fit["fitted"].items():
+        print(f"{key:28s} {value:.6g}")
+    print(f"fit residual (rollout spans): {fit['quality']['rollout_rel_rmse']:.1%}; "
+          f"written: {path}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `simulate` and `calibrate` to the `dynaresize` command."""
+    sim = subparsers.add_parser("simulate", help="compare allocation policies on a workload "
+                                "in the digital twin (virtual time, SimDevices)")
+    sim.add_argument("--workload", default="dapo-7b", metavar="NAME|FILE",
+                     help="preset (dapo-7b, balanced, agentic, drift) or a .jsonl trace")
+    sim.add_argument("--from-run", metavar="DIR",
+                     help="replay a live run's samples.jsonl (prompt lengths rebuilt from its "
+                     "config.toml) instead of --workload")
+    sim.add_argument("--gpus", type=int, default=64, help="number of devices (>= 2)")
+    sim.add_argument("--policy", metavar="P,...", help="policies (default: static, colocated, "
+                     "borrow, hysteresis if installed, oracle)")
+    sim.add_argument("--steps", type=int, help="RL steps (default 50, or the trace's)")
+    sim.add_argument("--staleness", type=int, default=1, help="0 on-policy, 1 one-step-off")
+    sim.add_argument("--seed", type=int, default=0, help="workload seed")
+    sim.add_argument("--requests-per-step", type=int, help="rescale a preset's batch")
+    sim.add_argument("--cost-model", default="h100-7b",
+                     help="h100-7b, h200-7b, h100-32b, h200-32b")
+    sim.add_argument("--calibration", metavar="FILE", help="calibration.json from "
+                     "`dynaresize calibrate` (replaces --cost-model)")
+    sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.add_argument("--out", metavar="DIR", help="write a run directory per policy")
+    sim.set_defaults(func=cmd_simulate)
+
+    cal = subparsers.add_parser("calibrate", help="fit the twin's cost model to a live run")
+    cal.add_argument("run_dir", metavar="RUN_DIR", help="a `dynaresize train --out` directory")
+    cal.add_argument("--out", metavar="FILE", help="default: RUN_DIR/calibration.json")
+    cal.set_defaults(func=cmd_calibrate)
