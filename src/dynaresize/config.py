@@ -7,6 +7,7 @@ value and what is allowed; the CLI turns it into exit code 2.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import typing
@@ -100,7 +101,22 @@ class AllocationConfig:
 
 @dataclass
 class ControllerConfig:
-    policy: str = _doc("Allocation policy: 'static'.", default="static")
+    policy: str = _doc("Allocation policy: 'static' (fixed split, plus any forced "
+                       "[[resize.schedule]]), 'hysteresis' (balance the stages at runtime) or "
+                       "'borrow' (trainer->rollout borrowing only, a baseline).",
+                       default="static")
+    band: float = _doc("hysteresis: change the split only if the predicted step time improves "
+                       "by more than this fraction.", default=0.05)
+    min_dwell_steps: int = _doc("hysteresis: steps between two split changes, at least.",
+                                default=3)
+    horizon_steps: int = _doc("hysteresis: steps over which a resize must pay for itself.",
+                              default=4)
+    cost_margin: float = _doc("hysteresis: expected saving must exceed this x resize cost.",
+                              default=2.0)
+    release_tail: bool = _doc("hysteresis: release idle rollout devices to training as the "
+                              "rollout tail thins.", default=True)
+    tail_batch: int = _doc("hysteresis: requests per engine that count as lightly loaded in "
+                           "the rollout tail.", default=8)
 
 
 MOVES = ("rollout->train", "train->rollout")
@@ -131,6 +147,25 @@ class ResizeConfig:
 
 
 @dataclass
+class KillEntry:
+    """One injected fault: `[[faults.kill]]` kills a device's process for real."""
+
+    device: int = _doc("Device index to kill.", default=0)
+    step: int = _doc("RL step (0-based) in which it dies.", default=0)
+    at: str = _doc("'rollout:F' (once that fraction of the step's requests finished), "
+                   "'train' (during the step's training) or 'resize' (during a resize).",
+                   default="train")
+
+
+@dataclass
+class FaultsConfig:
+    kill: list[KillEntry] = _doc("Injected device deaths ([[faults.kill]] tables).",
+                                 default_factory=list)
+    timeout_s: float = _doc("Process-group timeout: a collective waiting for a dead peer "
+                            "fails after this long (gloo usually fails at once).", default=60.0)
+
+
+@dataclass
 class DevicesConfig:
     backend: str = _doc("'ray' (real torch processes) or 'sim' (simulated, virtual time).",
                         default="ray")
@@ -157,6 +192,7 @@ class Config:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     resize: ResizeConfig = field(default_factory=ResizeConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     @property
@@ -171,7 +207,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
-POLICIES = ("static",)
+POLICIES = ("static", "hysteresis", "borrow")
 TASKS = ("count", "jsonl")
 BACKENDS = ("ray", "sim")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -190,6 +226,8 @@ def _section_types(cls: type) -> dict[str, Any]:
 def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
     if typ == list[ResizeEntry]:
         return _resize_entries(name, value, source)
+    if typ == list[KillEntry]:
+        return _resize_entries(name, value, source, KillEntry)
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -200,6 +238,8 @@ def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
         raise ConfigError(name, value, "must be an integer", source)
     if typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(name, value, "must be a finite number", source)
             return float(value)
         raise ConfigError(name, value, "must be a number", source)
     if typ is str:
@@ -209,20 +249,21 @@ def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
     return value
 
 
-def _resize_entries(name: str, value: Any, source: str) -> list[ResizeEntry]:
-    if isinstance(value, ResizeEntry):
+def _resize_entries(name: str, value: Any, source: str, cls: type = ResizeEntry) -> list[Any]:
+    """An array of tables of `cls` ([[resize.schedule]], [[faults.kill]])."""
+    if isinstance(value, cls):
         value = [value]
     if not isinstance(value, list):
-        raise ConfigError(name, value, "must be an array of tables ([[resize.schedule]])", source)
-    hints = typing.get_type_hints(ResizeEntry)
+        raise ConfigError(name, value, f"must be an array of tables ([[{name}]])", source)
+    hints = typing.get_type_hints(cls)
     entries = []
     for i, item in enumerate(value):
-        if isinstance(item, ResizeEntry):
+        if isinstance(item, cls):
             entries.append(item)
             continue
         if not isinstance(item, dict):
             raise ConfigError(f"{name}[{i}]", item, "must be a table", source)
-        entry = ResizeEntry()
+        entry = cls()
         for key, v in item.items():
             if key not in hints:
                 raise ConfigError(f"{name}[{i}].{key}", v,
@@ -273,12 +314,15 @@ def load_config(path: str | os.PathLike[str] | None = None,
     cfg = Config()
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not _is_file(str(p)):
             raise ConfigError("--config", str(p), "file not found")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("--config", str(p), f"not valid TOML ({exc})") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("--config", str(p), f"cannot read it as UTF-8 text ({exc})") \
+                from None
         _apply(cfg, data, str(p))
     for text in overrides:
         key, value = parse_override(text)
@@ -289,6 +333,15 @@ def load_config(path: str | os.PathLike[str] | None = None,
 
 
 # ----------------------------------------------------------------------------- validation
+
+
+def _is_file(path: str, directory_ok: bool = False) -> bool:
+    """Whether `path` names an existing file (or directory); a malformed path is just absent."""
+    try:
+        p = Path(path)
+        return p.is_file() or (directory_ok and p.is_dir())
+    except (OSError, ValueError):
+        return False
 
 
 def _positive(name: str, value: float) -> None:
@@ -331,10 +384,10 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise ConfigError("model.hidden_size", cfg.model.hidden_size,
                           f"must be divisible by model.num_heads = {cfg.model.num_heads}")
-    if cfg.model.path and not Path(cfg.model.path).exists():
+    if cfg.model.path and not _is_file(cfg.model.path, directory_ok=True):
         raise ConfigError("model.path", cfg.model.path, "no such local path (no downloads)")
     _one_of("task.name", t.name, TASKS)
-    if t.name == "jsonl" and not Path(t.path).is_file():
+    if t.name == "jsonl" and not _is_file(t.path):
         raise ConfigError("task.path", t.path, "task 'jsonl' needs an existing JSON Lines file")
     _positive("task.prompts_per_step", t.prompts_per_step)
     _positive("task.samples_per_prompt", t.samples_per_prompt)
@@ -361,8 +414,14 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _positive("allocation.num_rollout_devices", a.num_rollout_devices)
     _positive("allocation.num_train_devices", a.num_train_devices)
     _one_of("controller.policy", cfg.controller.policy, POLICIES)
+    _non_negative("controller.band", cfg.controller.band)
+    _non_negative("controller.min_dwell_steps", cfg.controller.min_dwell_steps)
+    _positive("controller.horizon_steps", cfg.controller.horizon_steps)
+    _non_negative("controller.cost_margin", cfg.controller.cost_margin)
+    _positive("controller.tail_batch", cfg.controller.tail_batch)
     _positive("resize.staging_bytes", cfg.resize.staging_bytes)
     _validate_schedule(cfg)
+    _validate_faults(cfg)
     _one_of("devices.backend", cfg.devices.backend, BACKENDS)
     _one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
     _positive("devices.threads_per_device", cfg.devices.threads_per_device)
@@ -381,6 +440,29 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     _apply(cfg, data, "config")
     validate(cfg, check_machine=False)
     return cfg
+
+
+def _validate_faults(cfg: Config) -> None:
+    _positive("faults.timeout_s", cfg.faults.timeout_s)
+    for i, e in enumerate(cfg.faults.kill):
+        name = f"faults.kill[{i}]"
+        if not 0 <= e.device < cfg.num_devices:
+            raise ConfigError(f"{name}.device", e.device,
+                              f"must be in 0..{cfg.num_devices - 1} (the run's devices)")
+        if not 0 <= e.step < cfg.run.steps:
+            raise ConfigError(f"{name}.step", e.step, f"must be in 0..{cfg.run.steps - 1}")
+        head, _, frac = e.at.partition(":")
+        try:
+            ok = e.at in ("train", "resize") or (head == "rollout" and 0.0 <= float(frac) < 1.0)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"{name}.at", e.at,
+                              "allowed: 'rollout:F' with 0 <= F < 1, 'train', 'resize'")
+    if len(cfg.faults.kill) >= cfg.num_devices - 1:
+        raise ConfigError("faults.kill", f"{len(cfg.faults.kill)} kills",
+                          f"at most {cfg.num_devices - 2} with {cfg.num_devices} devices "
+                          "(each pool keeps a device)")
 
 
 def _validate_schedule(cfg: Config) -> None:
@@ -438,6 +520,9 @@ def to_toml(cfg: Config) -> str:
                 text = repr(value)
             lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")
         lines.append("")
+    for e in cfg.faults.kill:
+        lines += ["[[faults.kill]]", f"device = {e.device}", f"step = {e.step}",
+                  f'at = "{e.at}"', ""]
     for e in cfg.resize.schedule:
         lines += ["[[resize.schedule]]", f"step = {e.step}", f'at = "{e.at}"',
                   f'move = "{e.move}"', f"num_devices = {e.num_devices}", ""]

@@ -27,6 +27,9 @@ class Move:
     move: str
     """'rollout->train' or 'train->rollout'."""
     num_devices: int
+    blocking: bool = False
+    """At step start: True delays the step's rollout until the resize is done (forced
+    schedules); False lets the rollout start and the devices join when the boundary comes."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class RunView:
     history: list[StepTiming] = field(default_factory=list)
     resize_critical_s: list[float] = field(default_factory=list)
     """Measured critical-path time of each completed resize, in order."""
+    num_pending_resizes: int = 0
+    """Resizes decided but still waiting for an optimizer-step boundary."""
+    train_busy: bool = False
+    """A training step (or a resize) holds the optimizer-step boundary right now."""
 
 
 class Controller(Protocol):
@@ -73,7 +80,7 @@ class ScheduleController:
         due = [e for e in self._pending if e.step < step or (
             e.step == step and (fraction is None or e.fraction <= fraction))]
         self._pending = [e for e in self._pending if e not in due]
-        return [Move(e.move, e.num_devices) for e in due]
+        return [Move(e.move, e.num_devices, blocking=e.at == "start") for e in due]
 
     def at_step_start(self, view: RunView) -> list[Move]:
         return self._take(view.step, 0.0)
@@ -97,7 +104,19 @@ def register_policy(name: str, factory: Callable[[Config], Controller]) -> None:
     CONTROLLERS[name] = factory
 
 
+POLICY_MODULES = ("dynaresize.hysteresis", "dynaresize.borrow")
+"""Modules that register their policy on import."""
+
+
 def make_controller(cfg: Config) -> Controller:
+    import importlib
+
+    for name in POLICY_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
     try:
         factory = CONTROLLERS[cfg.controller.policy]
     except KeyError:

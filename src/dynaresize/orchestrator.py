@@ -91,7 +91,8 @@ class Orchestrator:
                  source: PromptSource, rundir: RunDir,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
                  fail_op: Callable[[int, Op], bool] | None = None,
-                 controller: Controller | None = None) -> None:
+                 controller: Controller | None = None, checkpointer: Any = None,
+                 resume_from: tuple[Any, Any] | None = None) -> None:
         if len(devices) != cfg.num_devices:
             raise ValueError(f"config wants {cfg.num_devices} devices, got {len(devices)}")
         self.cfg = cfg
@@ -114,6 +115,7 @@ class Orchestrator:
         self.controller = controller or make_controller(cfg)
         self.history: list[StepTiming] = []
         self._step = 0
+        self._num_pending_resizes = 0
         self._rollout_started_s = 0.0
         self._rollout_s: dict[int, float] = {}
         self._train_lock = asyncio.Lock()
@@ -122,6 +124,17 @@ class Orchestrator:
         self._samples: dict[int, asyncio.Future[StepSamples]] = {}
         self._train_end_s: list[float] = []
         self.t_start_s = 0.0
+        self.checkpointer = checkpointer
+        """Saves every `run.checkpoint_every` steps and restores (checkpoint.Checkpointer)."""
+        self.resume_from = resume_from
+        """(checkpoint path, CheckpointState) to continue from, or None."""
+        self.start_step = resume_from[1].num_steps if resume_from else 0
+        self.recovery: Any = None
+        """recovery.Recovery: device deaths (fence, rebuild the world, restore); set by the
+        runner of a backend that can lose devices."""
+        self.injector: Any = None
+        """faults.FaultInjector: `[[faults.kill]]` (kills for real)."""
+        self._optimizer_step = self.start_step
 
     # ------------------------------------------------------------------ setup
     def _rollout_devices(self) -> list[Device]:
@@ -144,6 +157,10 @@ class Orchestrator:
         self.t_start_s = self.clock.now()
         for d in self.devices:
             self.rundir.event(t0, self.t_start_s, d.index, "start", critical=True)
+        if self.resume_from is not None:
+            train_path = await self.checkpointer.restore(self, *self.resume_from)
+            if self.recovery is not None:
+                self.recovery.checkpointed(self.start_step, train_path)
         tasks = [asyncio.ensure_future(self._rollout_loop()),
                  asyncio.ensure_future(self._train_loop())]
         try:
@@ -158,10 +175,14 @@ class Orchestrator:
     async def _rollout_loop(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
         cfg = self.cfg
-        for step in range(cfg.run.steps):
+        for step in range(self.start_step, cfg.run.steps):
             self._step = step
+            fired: list[asyncio.Future[Any]] = []
             for move in self.controller.at_step_start(self.view()):
-                await self.resize(move.move, move.num_devices, step)
+                if move.blocking:  # applied before the step's rollout starts
+                    await self.resize(move.move, move.num_devices, step)
+                else:  # applied when the boundary comes; devices join the running step
+                    fired.append(self._resize_soon(move.move, move.num_devices, step))
             version = max(0, step - cfg.run.staleness)
             self._rollout_version = version
             await self._load_version(version, await self.versions.wait(version))
@@ -174,20 +195,21 @@ class Orchestrator:
                                  temperature=cfg.rollout.temperature)
                      for p in prompts for j in range(cfg.task.samples_per_prompt)]
             rewards: dict[tuple[int, int], float] = {}
-            fired: list[asyncio.Future[Any]] = []
 
             def on_done(done: list[Completion], step: int = step, by_id: dict = by_id,
                         rewards: dict = rewards, fired: list = fired) -> None:
                 for c in done:
                     rewards[(c.spec.prompt, c.spec.sample)] = self.source.reward(
                         by_id[c.spec.prompt], list(c.tokens))
+                if self.injector is not None and self._run is not None:
+                    self.injector.at_rollout(step, self._run.num_finished / self._run.total)
                 for move in self.controller.on_rollout_progress(self.view()):
-                    fired.append(asyncio.ensure_future(
-                        self.resize(move.move, move.num_devices, step)))
+                    fired.append(self._resize_soon(move.move, move.num_devices, step))
 
             self._rollout_started_s = self.clock.now()
             run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
-                             cfg.rollout.slice_s, on_done)
+                             cfg.rollout.slice_s, on_done,
+                             self.recovery.on_rollout_lost if self.recovery else None)
             self._run = run
             run.add_devices(self._rollout_devices())
             await run.wait()
@@ -202,9 +224,20 @@ class Orchestrator:
             self.rundir.samples(got.records)
             self._future(step).set_result(got)
             for move in self.controller.at_rollout_end(self.view()):
-                fired.append(asyncio.ensure_future(
-                    self.resize(move.move, move.num_devices, step)))
+                fired.append(self._resize_soon(move.move, move.num_devices, step))
             await asyncio.gather(*fired)
+
+    def _resize_soon(self, move: str, num_devices: int, step: int) -> asyncio.Future[Any]:
+        """Start a resize in the background (it waits for the next optimizer-step boundary)."""
+        self._num_pending_resizes += 1
+
+        async def go() -> None:
+            try:
+                await self.resize(move, num_devices, step)
+            finally:
+                self._num_pending_resizes -= 1
+
+        return asyncio.ensure_future(go())
 
     def view(self) -> RunView:
         """The snapshot controllers decide from."""
@@ -215,7 +248,9 @@ class Orchestrator:
                        rollout_finished=run.num_finished if run else 0,
                        rollout_started_s=self._rollout_started_s,
                        history=list(self.history),
-                       resize_critical_s=[r.critical_path_s for r in self.resizes if r.ok])
+                       resize_critical_s=[r.critical_path_s for r in self.resizes if r.ok],
+                       num_pending_resizes=self._num_pending_resizes,
+                       train_busy=self._train_lock.locked())
 
     async def _load_version(self, version: int, handle: WeightHandle) -> None:
         stale = [d for d in self._rollout_devices() if self.engine_version[d.index] != version]
@@ -232,19 +267,30 @@ class Orchestrator:
         """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
         cfg = self.cfg
         prev_end_s = self.t_start_s
-        for step in range(cfg.run.steps):
+        for step in range(self.start_step, cfg.run.steps):
             got = await self._future(step)
             async with self._train_lock:
                 t0 = self.clock.now()
-                trainers = self._train_devices()
-                plan = plan_step(got.samples, cfg.train.micro_batch_size, len(trainers))
-                global_tokens = global_num_tokens(got.samples)
-                stats = await asyncio.gather(*(d.train_step(step, plan[r], global_tokens)
-                                               for r, d in enumerate(trainers)))
-                t1 = self.clock.now()
-                handles = await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers))
+                while True:  # a device death mid-step: recover, then rerun the step
+                    try:
+                        if self.recovery is not None:
+                            await self.recovery.repair()
+                        trainers = self._train_devices()
+                        stats, t1, handles = await self._train_once(trainers, step, got, True)
+                        break
+                    except Exception:
+                        if self.recovery is None or not self.recovery.find_dead(
+                                f"died in train step {step}"):
+                            raise
                 t2 = self.clock.now()
                 self._optimizer_step += 1
+                if self.recovery is not None:
+                    self.recovery.retain(step, got)
+                if self.checkpointer is not None and self.checkpointer.due(step + 1):
+                    await self.versions.publish(step + 1, handles[0])
+                    train_path = await self.checkpointer.save(self, step + 1)
+                    if self.recovery is not None:
+                        self.recovery.checkpointed(step + 1, train_path)
             for d in trainers:
                 self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
                 self.rundir.event(t1, t2, d.index, "weight_sync", critical=True, step=step)
@@ -267,6 +313,22 @@ class Orchestrator:
             self.rundir.metric(record)
             self.on_step(record)
 
+    async def _train_once(self, trainers: list[Device], step: int, got: StepSamples,
+                          publish: bool = False) -> tuple[list[dict[str, float]], float, list]:
+        """One optimizer step of `step` on `trainers` (+ the weight gather if `publish`);
+        returns (stats, time training ended, handles). Also replays steps after a fault."""
+        plan = plan_step(got.samples, self.cfg.train.micro_batch_size, len(trainers))
+        global_tokens = global_num_tokens(got.samples)
+        train = asyncio.gather(*(d.train_step(step, plan[r], global_tokens)
+                                 for r, d in enumerate(trainers)))
+        if publish and self.injector is not None:
+            await self.injector.during_train(step)
+        stats = await train
+        t1 = self.clock.now()
+        handles = list(await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers))) \
+            if publish else []
+        return list(stats), t1, handles
+
     # ------------------------------------------------------------------ resizing
     async def resize(self, move: str, num_devices: int, step: int) -> ResizeReport | None:
         """Move `num_devices` devices (`move`: 'rollout->train' | 'train->rollout') at the next
@@ -280,7 +342,18 @@ class Orchestrator:
                 self.skipped_resizes.append(f"step {step}: {exc}")
                 return None
             plan = plan_resize(self.allocation, target)
-            report = await self.executor.execute(plan, self._optimizer_step)
+            try:
+                if self.recovery is not None:
+                    await self.recovery.repair()
+                report = await self.executor.execute(plan, self._optimizer_step)
+            except Exception as exc:  # the rollback itself met a dead device
+                if self.recovery is None or not self.recovery.find_dead(f"died in resize "
+                                                                        f"at step {step}"):
+                    raise
+                report = ResizeReport(self.executor.num_resizes - 1, False, 0.0, 0.0, 0.0,
+                                      error=f"{type(exc).__name__}: {exc}"[:300])
+            if self.recovery is not None and self.recovery.find_dead(f"resize at step {step}"):
+                await self.recovery.repair()
             if report.ok:
                 self.allocation = plan.target
                 self._resizes_in_step[step] = self._resizes_in_step.get(step, 0) + 1
@@ -309,6 +382,8 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ end
     async def _finish(self) -> dict[str, Any]:
+        if self.checkpointer is not None:
+            await self.checkpointer.drain()
         trainers = self._train_devices()
         sums = await asyncio.gather(*(d.param_checksum() for d in trainers))
         param_sum, param_sha = sums[0]

@@ -1,0 +1,160 @@
+"""The hysteresis controller (`controller.policy = "hysteresis"`): balance the stages at runtime.
+
+Pure decision logic over `RunView` snapshots (no devices, no clock): the same code decides live
+and in the simulator.
+
+Estimates, from the run's own measurements (exponential moving averages):
+- rollout of a step = *bulk* + *tail*: the bulk lasts until the remaining requests would fill
+  every engine only lightly (`tail_batch` each; device-seconds `bulk_dev_s` scale as 1/R), the
+  tail is the rest (bounded by the longest requests, `tail_s`, independent of R);
+- training = `train_dev_s` device-seconds (scales as 1/T);
+- resize cost = the measured critical-path time of past resizes.
+
+Decisions:
+- inter-step (`at_step_start`): the split R that minimises the predicted step time
+  (staleness 1: max(rollout, train), the stages overlap; staleness 0: rollout + train), applied
+  only if it beats the current split by more than the hysteresis `band`, the expected saving over
+  `horizon_steps` exceeds `cost_margin` × the resize cost, and the last change is at least
+  `min_dwell_steps` old. Devices released in the previous tail come back here.
+- intra-step (`on_rollout_progress`): once the remaining requests fit on fewer engines at
+  `tail_batch` each (long requests stay on lightly loaded engines: decode time grows with batch),
+  release the idle rollout devices to training — if the tail is predicted to last long enough
+  and the next training step gains more than the round trip (release + return) costs. Only at
+  staleness 0: at staleness 1 the training step that runs during the tail cannot grow (groups
+  change only at optimizer-step boundaries), so the inter-step split does the balancing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dynaresize.config import Config
+from dynaresize.controller import Move, RunView, register_policy
+
+
+@dataclass
+class HysteresisParams:
+    band: float = 0.05
+    min_dwell_steps: int = 3
+    horizon_steps: int = 4
+    cost_margin: float = 2.0
+    release_tail: bool = True
+    tail_batch: int = 8
+    """Requests per engine that still count as a lightly loaded engine in the tail."""
+    ema: float = 0.5
+
+
+def _ema(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+class HysteresisController:
+    def __init__(self, params: HysteresisParams) -> None:
+        self.p = params
+        self.bulk_dev_s: float | None = None
+        self.tail_s: float | None = None
+        self.train_dev_s: float | None = None
+        self._seen_steps = 0
+        self._tail_start_s: float | None = None
+        self._tail_start_by_step: dict[int, float] = {}
+        self._rollout_start_by_step: dict[int, float] = {}
+        self._released: dict[int, int] = {}
+        self._last_change_step = -10**9
+
+    # ------------------------------------------------------------------ estimates
+    def _update(self, view: RunView) -> None:
+        for timing in view.history[self._seen_steps:]:
+            w = self.p.ema
+            self.train_dev_s = _ema(self.train_dev_s, timing.train_s * timing.num_train_devices,
+                                    w)
+            start = self._rollout_start_by_step.get(timing.step)
+            tail_at = self._tail_start_by_step.get(timing.step)
+            if start is not None and tail_at is not None:
+                bulk_s = max(0.0, tail_at - start)
+                tail_s = max(0.0, timing.rollout_s - bulk_s)
+            else:
+                bulk_s, tail_s = timing.rollout_s, 0.0
+            self.bulk_dev_s = _ema(self.bulk_dev_s, bulk_s * timing.num_rollout_devices, w)
+            self.tail_s = _ema(self.tail_s, tail_s, w)
+        self._seen_steps = len(view.history)
+
+    def _cost_s(self, view: RunView) -> float:
+        if view.resize_critical_s:
+            recent = sorted(view.resize_critical_s[-8:])
+            return recent[len(recent) // 2]
+        last = view.history[-1] if view.history else None
+        return 0.05 * (last.rollout_s + last.train_s) if last else 0.0
+
+    def predict_step_s(self, num_rollout: int, num_devices: int, staleness: int) -> float:
+        assert self.bulk_dev_s is not None and self.train_dev_s is not None
+        rollout = (self.tail_s or 0.0) + self.bulk_dev_s / num_rollout
+        train = self.train_dev_s / (num_devices - num_rollout)
+        return max(rollout, train) if staleness else rollout + train
+
+    # ------------------------------------------------------------------ decisions
+    def at_step_start(self, view: RunView) -> list[Move]:
+        self._update(view)
+        self._tail_start_s = None
+        alloc = view.allocation
+        n, r = alloc.num_devices, len(alloc.rollout)
+        returning = self._released.pop(view.step - 1, 0)
+        if self.bulk_dev_s is None or self.train_dev_s is None or view.num_pending_resizes:
+            return [Move("train->rollout", returning)] if returning else []
+        base = r + returning  # the split before the tail release
+        best = min(range(1, n), key=lambda k: (self.predict_step_s(k, n, view.staleness),
+                                               abs(k - base)))
+        now_s = self.predict_step_s(base, n, view.staleness)
+        gain_s = now_s - self.predict_step_s(best, n, view.staleness)
+        dwell_ok = view.step - self._last_change_step >= self.p.min_dwell_steps
+        worth = (gain_s > self.p.band * now_s and
+                 gain_s * self.p.horizon_steps > self.p.cost_margin * self._cost_s(view))
+        target = best if (dwell_ok and worth) else base
+        if target != base:
+            self._last_change_step = view.step
+        return self._moves_to(r, target)
+
+    def _moves_to(self, num_rollout: int, target: int) -> list[Move]:
+        if target > num_rollout:
+            return [Move("train->rollout", target - num_rollout)]
+        if target < num_rollout:
+            return [Move("rollout->train", num_rollout - target)]
+        return []
+
+    def on_rollout_progress(self, view: RunView) -> list[Move]:
+        r = len(view.allocation.rollout)
+        remaining = view.rollout_total - view.rollout_finished
+        self._rollout_start_by_step[view.step] = view.rollout_started_s
+        light = self.p.tail_batch
+        if self._tail_start_s is None and remaining <= r * light:
+            self._tail_start_s = view.now_s
+            self._tail_start_by_step[view.step] = view.now_s
+        if (not self.p.release_tail or view.staleness != 0 or view.step in self._released or
+                view.num_pending_resizes or self.train_dev_s is None or self.tail_s is None or
+                self._tail_start_s is None):
+            return []
+        release = r - max(1, math.ceil(remaining / light))
+        if release <= 0:
+            return []
+        cost_s = self._cost_s(view)
+        tail_left_s = self.tail_s - (view.now_s - self._tail_start_s)
+        t = len(view.allocation.train)
+        train_gain_s = self.train_dev_s / t - self.train_dev_s / (t + release)
+        if tail_left_s < self.p.cost_margin * cost_s or \
+                train_gain_s < self.p.cost_margin * 2 * cost_s:
+            return []
+        self._released[view.step] = release
+        return [Move("rollout->train", release)]
+
+    def at_rollout_end(self, view: RunView) -> list[Move]:
+        return []
+
+
+def make_hysteresis(cfg: Config) -> HysteresisController:
+    c = cfg.controller
+    return HysteresisController(HysteresisParams(
+        band=c.band, min_dwell_steps=c.min_dwell_steps, horizon_steps=c.horizon_steps,
+        cost_margin=c.cost_margin, release_tail=c.release_tail, tail_batch=c.tail_batch))
+
+
+register_policy("hysteresis", make_hysteresis)

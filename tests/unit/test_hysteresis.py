@@ -1,0 +1,74 @@
+"""The hysteresis controller is pure: decisions from synthetic RunViews, in milliseconds."""
+
+from __future__ import annotations
+
+from dynaresize.allocation import Allocation
+from dynaresize.controller import RunView, StepTiming
+from dynaresize.hysteresis import HysteresisController, HysteresisParams
+
+
+def view(step: int, alloc: Allocation, history: list[StepTiming], staleness: int = 1,
+         **kw: object) -> RunView:
+    return RunView(step=step, now_s=100.0 * step, allocation=alloc, staleness=staleness,
+                   history=history, **kw)  # type: ignore[arg-type]
+
+
+def timing(step: int, rollout_s: float, train_s: float, r: int, t: int) -> StepTiming:
+    return StepTiming(step, rollout_s, train_s, 1000, r, t)
+
+
+def test_moves_devices_to_the_slower_stage_once_and_then_dwells() -> None:
+    ctl = HysteresisController(HysteresisParams(min_dwell_steps=3, cost_margin=0.0))
+    alloc = Allocation.initial(2, 6)          # rollout starved: 100 s vs train 10 s
+    hist = [timing(0, 100.0, 10.0, 2, 6)]
+    moves = ctl.at_step_start(view(1, alloc, hist))
+    # 200 rollout device-s, 60 train device-s: max(200/R, 60/(8-R)) is least at R = 6
+    assert [(m.move, m.num_devices) for m in moves] == [("train->rollout", 4)]
+    # right after a change, the dwell time forbids another one even if estimates move
+    hist.append(timing(1, 20.0, 80.0, 7, 1))
+    assert ctl.at_step_start(view(2, Allocation.initial(7, 1), hist)) == []
+
+
+def test_band_keeps_a_nearly_balanced_split() -> None:
+    ctl = HysteresisController(HysteresisParams(band=0.1, cost_margin=0.0))
+    alloc = Allocation.initial(4, 4)
+    hist = [timing(0, 50.0, 46.0, 4, 4)]      # predicted gain well under 10 %
+    assert ctl.at_step_start(view(1, alloc, hist)) == []
+
+
+def test_cost_gate_blocks_moves_that_do_not_pay_off() -> None:
+    ctl = HysteresisController(HysteresisParams(band=0.0, horizon_steps=1, cost_margin=10.0))
+    alloc = Allocation.initial(4, 4)
+    hist = [timing(0, 60.0, 40.0, 4, 4)]
+    expensive = view(1, alloc, hist, resize_critical_s=[50.0])
+    assert ctl.at_step_start(expensive) == []
+
+
+def test_tail_release_at_staleness_0_and_return_next_step() -> None:
+    ctl = HysteresisController(HysteresisParams(cost_margin=1.0, tail_batch=1))
+    alloc = Allocation.initial(6, 2)
+    ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 50.0, 200.0, 300.0
+    ctl._seen_steps = 1
+    hist = [timing(0, 100.0, 100.0, 6, 2)]
+    busy = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=10,
+                resize_critical_s=[1.0])
+    assert ctl.on_rollout_progress(busy) == []            # still in the bulk
+    tail = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=62,
+                resize_critical_s=[1.0])
+    moves = ctl.on_rollout_progress(tail)
+    assert [(m.move, m.num_devices) for m in moves] == [("rollout->train", 4)]
+    assert ctl.on_rollout_progress(tail) == []            # once per step
+    after = Allocation.initial(2, 6)
+    back = ctl.at_step_start(view(2, after, hist, staleness=0, resize_critical_s=[1.0]))
+    # back to the split that minimises 50 + 300/R + 200/(8-R) (s=0: the stages add): R = 4
+    best = min(range(1, 8), key=lambda r: ctl.predict_step_s(r, 8, 0))
+    assert best == 4
+    assert [(m.move, m.num_devices) for m in back] == [("train->rollout", best - 2)]
+
+
+def test_no_tail_release_at_staleness_1() -> None:
+    ctl = HysteresisController(HysteresisParams(cost_margin=0.0, tail_batch=1))
+    ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 50.0, 200.0, 300.0
+    v = view(1, Allocation.initial(6, 2), [], staleness=1, rollout_total=64,
+             rollout_finished=62)
+    assert ctl.on_rollout_progress(v) == []
