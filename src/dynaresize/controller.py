@@ -44,7 +44,8 @@ class StepTiming:
 
 @dataclass
 class RunView:
-    """What a controller may look at (a snapshot; mutating it changes nothing)."""
+    """What a controller may look at. Read-only: `history` and `resize_critical_s` are the
+    orchestrator's own lists (not copied, since a view is built on every completion)."""
 
     step: int
     now_s: float

@@ -116,6 +116,7 @@ class Orchestrator:
         self.history: list[StepTiming] = []
         self._step = 0
         self._num_pending_resizes = 0
+        self._resize_critical_s: list[float] = []
         self._rollout_started_s = 0.0
         self._rollout_s: dict[int, float] = {}
         self._train_lock = asyncio.Lock()
@@ -240,15 +241,14 @@ class Orchestrator:
         return asyncio.ensure_future(go())
 
     def view(self) -> RunView:
-        """The snapshot controllers decide from."""
+        """What controllers decide from (its lists are the orchestrator's: read-only)."""
         run = self._run
         return RunView(step=self._step, now_s=self.clock.now(), allocation=self.allocation,
                        staleness=self.cfg.run.staleness,
                        rollout_total=run.total if run else 0,
                        rollout_finished=run.num_finished if run else 0,
                        rollout_started_s=self._rollout_started_s,
-                       history=list(self.history),
-                       resize_critical_s=[r.critical_path_s for r in self.resizes if r.ok],
+                       history=self.history, resize_critical_s=self._resize_critical_s,
                        num_pending_resizes=self._num_pending_resizes,
                        train_busy=self._train_lock.locked())
 
@@ -356,6 +356,7 @@ class Orchestrator:
                 await self.recovery.repair()
             if report.ok:
                 self.allocation = plan.target
+                self._resize_critical_s.append(report.critical_path_s)
                 self._resizes_in_step[step] = self._resizes_in_step.get(step, 0) + 1
             self.resizes.append(report)
             return report

@@ -1,25 +1,97 @@
-"""End to end: the real Orchestrator on SimDevices in virtual time (small, fast)."""
+"""End to end: the real Orchestrator on SimDevices in virtual time (small, fast), with golden
+results pinned for fixed seeds (a change of any of them is a change of the twin's model)."""
 
 from __future__ import annotations
 
-from dynaresize.sim.run import simulate
+import pytest
+
+from dynaresize.controller import CONTROLLERS
+from dynaresize.sim.run import load_policies, simulate
+
+POLICIES = ("static", "colocated", "borrow", "oracle")
+KEYS = {"policy", "split", "mean_step_s", "p99_step_s", "samples_per_s", "tokens_per_s",
+        "bubble_fraction", "num_resizes"}
+
+GOLDEN = {
+    # (workload, gpus): policy -> (split, mean_step_s, num_resizes); steps=3, 64 requests, seed 1
+    ("dapo-7b", 8): {"static": ((6, 2), 131.9843, 0), "colocated": ((8, 8), 143.3167, 5),
+                     "borrow": ((6, 2), 131.9843, 4), "oracle": (None, 112.5107, 0)},
+    ("balanced", 6): {"static": ((4, 2), 6.7837, 0), "colocated": ((6, 6), 10.4977, 5),
+                      "borrow": ((4, 2), 9.8381, 2), "oracle": (None, 4.9599, 0)},
+}
 
 
-def test_simulate_small_json_shape_and_oracle_below_static() -> None:
-    out = simulate("dapo-7b", gpus=6, steps=2, requests_per_step=32, seed=1)
-    assert out["workload"] == "dapo-7b" and out["gpus"] == 6 and out["steps"] == 2
+@pytest.mark.parametrize("workload,gpus", sorted(GOLDEN))
+def test_golden_results(workload: str, gpus: int) -> None:
+    out = simulate(workload, gpus=gpus, steps=3, requests_per_step=64, seed=1,
+                   policies=POLICIES)
+    assert (out["workload"], out["gpus"], out["steps"]) == (workload, gpus, 3)
+    got = {}
+    for r in out["results"]:
+        assert KEYS <= set(r)
+        split = (r["split"]["rollout"], r["split"]["train"]) if r["split"] else None
+        got[r["policy"]] = (split, round(r["mean_step_s"], 4), r["num_resizes"])
+    assert got == GOLDEN[(workload, gpus)]
+
+
+def test_oracle_is_a_lower_bound_and_rows_are_sane() -> None:
+    out = simulate("dapo-7b", gpus=6, steps=2, requests_per_step=32, seed=1,
+                   policies=POLICIES)
     rows = {r["policy"]: r for r in out["results"]}
-    assert set(rows) == {"static", "oracle"}
-    keys = {"policy", "split", "mean_step_s", "p99_step_s", "samples_per_s", "tokens_per_s",
-            "bubble_fraction", "num_resizes"}
-    assert all(keys <= set(r) for r in rows.values())
-    split = rows["static"]["split"]
-    assert split["rollout"] + split["train"] == 6 and split["rollout"] >= 1
-    assert rows["oracle"]["mean_step_s"] <= rows["static"]["mean_step_s"]
-    assert 0.0 <= rows["static"]["bubble_fraction"] < 1.0
+    assert all(rows["oracle"]["mean_step_s"] <= r["mean_step_s"] for r in rows.values())
+    assert all(0.0 <= r["bubble_fraction"] < 1.0 for r in rows.values())
+    assert rows["oracle"]["binds"] in ("tail-bound", "work-bound")
+    assert rows["colocated"]["staleness"] == 0
 
 
 def test_simulate_is_deterministic() -> None:
     a = simulate("balanced", gpus=4, steps=2, requests_per_step=32, policies=("static",))
     b = simulate("balanced", gpus=4, steps=2, requests_per_step=32, policies=("static",))
     assert a == b
+
+
+def test_unknown_policy_names_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match="policy 'nope': allowed: static, colocated, oracle"):
+        simulate("balanced", gpus=4, steps=1, requests_per_step=32, policies=("nope",))
+
+
+def test_any_registered_policy_runs_through_the_orchestrator() -> None:
+    """The hook for `hysteresis` and others: register a controller, simulate it by name."""
+    from dynaresize.controller import Move, RunView
+
+    class GrowTrainOnce:
+        def __init__(self) -> None:
+            self.done = False
+
+        def at_step_start(self, view: RunView) -> list[Move]:
+            if view.step == 1 and not self.done:
+                self.done = True
+                return [Move("rollout->train", 1)]
+            return []
+
+        def on_rollout_progress(self, view: RunView) -> list[Move]:
+            return []
+
+        def at_rollout_end(self, view: RunView) -> list[Move]:
+            return []
+
+    CONTROLLERS["test-grow"] = lambda cfg: GrowTrainOnce()
+    try:
+        assert "test-grow" in load_policies()
+        out = simulate("balanced", gpus=6, steps=3, requests_per_step=32,
+                       policies=("test-grow",), split=4)
+        row = out["results"][0]
+        assert row["policy"] == "test-grow" and row["num_resizes"] == 1
+        assert row["split"] == {"rollout": 4, "train": 2}
+    finally:
+        del CONTROLLERS["test-grow"]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"gpus": 1}, "gpus = 1"), ({"steps": 0}, "steps = 0"), ({"staleness": 2}, "staleness = 2"),
+    ({"split": 6}, "split = 6"),
+])
+def test_bad_arguments(kwargs: dict, match: str) -> None:
+    args = {"gpus": 6, "steps": 1, "requests_per_step": 32, "policies": ("static",)} | kwargs
+    with pytest.raises(ValueError, match=match):
+        simulate("balanced", **args)

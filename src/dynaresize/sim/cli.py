@@ -60,10 +60,13 @@ def _policies(text: str | None) -> tuple[str, ...] | None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Consumes the parsed arguments; prints the table or the JSON object; writes --out."""
-    from dynaresize.sim.calibrate import load_calibration, trace_from_run
+    from dynaresize.sim.calibrate import load_calibration, load_run_config, trace_from_run
     from dynaresize.sim.run import simulate
     from dynaresize.sim.workloads import resolve_workload
 
+    args.gpus_given, args.staleness_given = args.gpus, args.staleness
+    args.gpus = 64 if args.gpus is None else args.gpus
+    args.staleness = 1 if args.staleness is None else args.staleness
     if args.gpus < 2:
         raise UsageError(f"--gpus {args.gpus}: must be >= 2 (one device per stage)")
     if args.steps is not None and args.steps < 1:
@@ -74,15 +77,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         costs: Any = args.cost_model
         if args.calibration:
             costs = load_calibration(args.calibration)
+        gpus, split, staleness = args.gpus, args.split, args.staleness
         if args.from_run:
             workload: Any = trace_from_run(args.from_run)
+            run_cfg = load_run_config(args.from_run)
+            gpus = args.gpus_given or run_cfg.num_devices
+            split = split or run_cfg.allocation.num_rollout_devices
+            staleness = run_cfg.run.staleness if args.staleness_given is None else staleness
         else:
             workload = resolve_workload(args.workload, seed=args.seed,
                                         requests_per_step=args.requests_per_step)
         steps = args.steps or (workload.num_steps if workload.num_steps else 50)
-        out = simulate(workload, args.gpus, _policies(args.policy), steps=steps,
-                       staleness=args.staleness, seed=args.seed, cost_model=costs,
-                       out_dir=args.out)
+        policies = _policies(args.policy) or (("static", "oracle") if args.from_run else None)
+        out = simulate(workload, gpus, policies, steps=steps, staleness=staleness,
+                       seed=args.seed, cost_model=costs, out_dir=args.out, split=split)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.out:
@@ -123,11 +131,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--from-run", metavar="DIR",
                      help="replay a live run's samples.jsonl (prompt lengths rebuilt from its "
                      "config.toml) instead of --workload")
-    sim.add_argument("--gpus", type=int, default=64, help="number of devices (>= 2)")
+    sim.add_argument("--gpus", type=int, help="number of devices (>= 2; default 64, or the "
+                     "--from-run config's)")
+    sim.add_argument("--split", type=int, metavar="R", help="fix static's rollout devices "
+                     "(default: searched; with --from-run: the run's)")
     sim.add_argument("--policy", metavar="P,...", help="policies (default: static, colocated, "
                      "borrow, hysteresis if installed, oracle)")
     sim.add_argument("--steps", type=int, help="RL steps (default 50, or the trace's)")
-    sim.add_argument("--staleness", type=int, default=1, help="0 on-policy, 1 one-step-off")
+    sim.add_argument("--staleness", type=int, help="0 on-policy, 1 one-step-off (default 1)")
     sim.add_argument("--seed", type=int, default=0, help="workload seed")
     sim.add_argument("--requests-per-step", type=int, help="rescale a preset's batch")
     sim.add_argument("--cost-model", default="h100-7b",

@@ -164,23 +164,34 @@ class CostModel:
                          0.0)
         return float(total) if total.ndim == 0 else total
 
+    def __post_init__(self) -> None:
+        # constants of the hot path (`_span_scalar_s`), computed once per (frozen) model
+        object.__setattr__(self, "_hot", (
+            self._mem_bytes_per_s(), self.model.kv_bytes_per_token, self.model.weight_bytes,
+            2.0 * self.model.num_params / (self.gpu.bf16_flops_per_s * self.decode_mfu)))
+
     def _span_scalar_s(self, n: int, b: int, c0: float) -> float:
         """`decode_span_s` for plain ints: the simulator's hot path, without numpy."""
         if n <= 0:
             return 0.0
-        bw, kv, w = self._mem_bytes_per_s(), self.model.kv_bytes_per_token, self.model.weight_bytes
-        comp_s = self._compute_s(b)
+        bw, kv, w, comp_per_request_s = self._hot  # type: ignore[attr-defined]
+        comp_s = comp_per_request_s * b
         first_mem = min(n, max(0, math.ceil(((comp_s * bw - w) / kv - c0) / max(b, 1))))
         m = n - first_mem
         mem_sum_s = (m * (w + c0 * kv) + b * kv * (first_mem + n - 1) * m / 2.0) / bw
         return n * self.iteration_overhead_s + first_mem * comp_s + mem_sum_s
 
     def decode_iters_within(self, budget_s: float, batch: int, start_ctx_tokens: float) -> int:
-        """Largest number of iterations whose `decode_span_s` fits in `budget_s`."""
-        lo, hi = 0, int(budget_s / self.decode_iter_s(batch, start_ctx_tokens)) + 1
+        """Largest number of iterations whose `decode_span_s` fits in `budget_s`.
+
+        Iterations only get slower as the context grows, so `budget / first iteration` bounds
+        the answer from above and `budget / iteration at that bound` from below; a binary
+        search between the two needs a few span evaluations, not ~log2(budget / iteration)."""
+        hi = int(budget_s / self.decode_iter_s(batch, start_ctx_tokens))
+        lo = min(hi, int(budget_s / self.decode_iter_s(batch, start_ctx_tokens + batch * hi)))
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.decode_span_s(mid, batch, start_ctx_tokens) <= budget_s:
+            if self._span_scalar_s(mid, batch, float(start_ctx_tokens)) <= budget_s:
                 lo = mid
             else:
                 hi = mid - 1
@@ -217,8 +228,8 @@ class CostModel:
                        staging_bytes: int) -> tuple[float, dict[int, float]]:
         """The bounded-staging reshard from `old_members` to `new_members`: (wall seconds of
         the whole collective, bytes each device sends). See `reshard_bytes`."""
-        sent, busiest = reshard_bytes(old_members, new_members,
-                                      self.model.num_params * self.model.train_state_bytes_per_param)
+        state_bytes = self.model.num_params * self.model.train_state_bytes_per_param
+        sent, busiest = reshard_bytes(old_members, new_members, state_bytes)
         chunks = math.ceil(busiest / max(1, staging_bytes))
         return self.reshard_s(busiest) + chunks * self.resize.staging_chunk_s, sent
 

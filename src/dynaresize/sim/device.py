@@ -155,11 +155,11 @@ class SimDevice:
                 self._preempt_youngest()
                 continue
             n = min(to_next, kv_room)
-            span_s = self.costs.decode_span_s(n, batch, self._kv_tokens)
+            span_s = self.costs._span_scalar_s(n, batch, self._kv_tokens)
             if elapsed_s + span_s > max_s:
                 n = max(1, self.costs.decode_iters_within(max_s - elapsed_s, batch,
                                                           self._kv_tokens))
-                span_s = self.costs.decode_span_s(n, batch, self._kv_tokens)
+                span_s = self.costs._span_scalar_s(n, batch, self._kv_tokens)
             elapsed_s += span_s
             self._iter += n
             self._kv_tokens += n * batch
@@ -169,7 +169,8 @@ class SimDevice:
                     done.append(self._complete(req))
             if elapsed_s >= max_s:
                 break
-        await self._spend(elapsed_s)
+        self.busy_s += elapsed_s
+        await self.clock.sleep(elapsed_s)
         return done
 
     def _complete(self, req: _Req) -> Completion:

@@ -138,3 +138,15 @@ def results_row(policy: str, run: SimRun, split: dict[str, int] | None) -> dict[
             "bubble_fraction": s["bubble_fraction"], "num_resizes": s["num_resizes"],
             "mean_rollout_devices": round(float(np.mean(
                 [m["num_rollout_devices"] for m in metrics])), 2)}
+
+
+def workload_for_config(cfg: Config, name: str = "balanced") -> Workload:
+    """A synthetic workload shaped like `cfg`'s task (prompts x samples per step, lengths
+    capped at `task.max_new_tokens`), seeded by `run.seed`: for simulating a live config."""
+    from dataclasses import replace
+
+    from dynaresize.sim.workloads import get_workload
+
+    wl = get_workload(name, seed=cfg.run.seed, prompts_per_step=cfg.task.prompts_per_step,
+                      samples_per_prompt=cfg.task.samples_per_prompt)
+    return replace(wl, max_response_tokens=cfg.task.max_new_tokens)

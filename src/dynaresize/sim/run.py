@@ -5,7 +5,7 @@ Policies (`simulate(policies=...)`):
 - `static`: the best split in hindsight, found coarse-to-fine: the coarse level scores every
   split 1..N-1 in closed form (`analytic_step_s`, from the oracle's per-step terms); the fine
   levels simulate a probe (`probe_steps` steps spread over the run) at the best and its
-  neighbours at spacing N/16, halving (down to 1 for N <= 64; to N/256 beyond, where a few
+  neighbours at spacing N/32, halving down to max(1, N/128) (beyond 128 devices a few
   devices change the step time by well under 1%); finally the whole run at the best split.
   It assumes the mean step time is unimodal in the split near the analytic optimum.
 - `oracle`: the lower bound of `oracle.py` (resizes free).
@@ -115,15 +115,13 @@ def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed
                                    costs)["mean_step_s"]
         return scores[r]
 
-    spacing = max(1, gpus // 16)
+    spacing, finest = max(1, gpus // 32), max(1, gpus // 128)
     while True:
         best = min((r for r in (best - spacing, best, best + spacing) if 1 <= r < gpus),
                    key=lambda r: (score(r), r))
-        if spacing == 1:
+        if spacing <= finest:
             return best, len(scores)
-        spacing = max(1, spacing // 2) if gpus <= 64 else max(gpus // 256, spacing // 2)
-        if spacing == gpus // 256 and spacing > 1 and len(scores) > 6:
-            return best, len(scores)
+        spacing = max(finest, spacing // 2)
 
 
 def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, steps: int,
@@ -141,9 +139,11 @@ def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, ste
 def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | None = None,
              steps: int = 50, staleness: int = 1, seed: int = 0,
              cost_model: str | CostModel = "h100-7b", requests_per_step: int | None = None,
-             out_dir: str | Path | None = None) -> dict[str, Any]:
+             out_dir: str | Path | None = None, split: int | None = None) -> dict[str, Any]:
     """Compare `policies` (default: `default_policies()`) on one workload; returns the JSON
-    object of `dynaresize simulate --json`. Raises ValueError for bad input."""
+    object of `dynaresize simulate --json`. `split` fixes the rollout-device count of
+    `static` (and the start of controller policies) instead of searching it. Raises
+    ValueError for bad input."""
     known = load_policies()
     policies = tuple(policies) if policies is not None else default_policies()
     unknown = [p for p in policies if p not in known]
@@ -153,6 +153,8 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
         raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
     if steps < 1:
         raise ValueError(f"steps = {steps}: must be >= 1")
+    if split is not None and not 1 <= split < gpus:
+        raise ValueError(f"split = {split}: must be in 1..{gpus - 1} rollout devices")
     if staleness not in (0, 1):
         raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy), 1 (one-step-off)")
     wl = workload if isinstance(workload, Workload) else resolve_workload(
@@ -160,7 +162,7 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
     costs = cost_model if isinstance(cost_model, CostModel) else get_cost_model(cost_model)
     if wl.num_steps is not None and steps > wl.num_steps:
         raise ValueError(f"steps = {steps}: the trace {wl.name} has only {wl.num_steps}")
-    best: tuple[int, int] | None = None
+    best: tuple[int, int] | None = (split, 0) if split is not None else None
     results = []
     for policy in policies:
         if policy == "oracle":
