@@ -64,6 +64,9 @@ class RunView:
 
 
 class Controller(Protocol):
+    """Decides moves; may define `needs_progress` (bool) to let the orchestrator skip
+    `on_rollout_progress` calls that cannot return anything."""
+
     def at_step_start(self, view: RunView) -> list[Move]: ...
 
     def on_rollout_progress(self, view: RunView) -> list[Move]: ...
@@ -82,6 +85,11 @@ class ScheduleController:
             e.step == step and (fraction is None or e.fraction <= fraction))]
         self._pending = [e for e in self._pending if e not in due]
         return [Move(e.move, e.num_devices, blocking=e.at == "start") for e in due]
+
+    @property
+    def needs_progress(self) -> bool:
+        """Whether `on_rollout_progress` can return anything (the orchestrator skips it)."""
+        return any(e.at != "start" for e in self._pending)
 
     def at_step_start(self, view: RunView) -> list[Move]:
         return self._take(view.step, 0.0)

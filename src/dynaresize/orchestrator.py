@@ -204,6 +204,8 @@ class Orchestrator:
                         by_id[c.spec.prompt], list(c.tokens))
                 if self.injector is not None and self._run is not None:
                     self.injector.at_rollout(step, self._run.num_finished / self._run.total)
+                if not getattr(self.controller, "needs_progress", True):
+                    return
                 for move in self.controller.on_rollout_progress(self.view()):
                     fired.append(self._resize_soon(move.move, move.num_devices, step))
 

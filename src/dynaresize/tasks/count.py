@@ -1,6 +1,6 @@
 """Built-in task 'count': repeat a character a requested number of times, then stop.
 
-Prompt `"<bos>c:7="` asks for `"ccccccc<eos>"`. The required length L is heavy-tailed,
+Prompt `"<bos>7*c"` ("7 times c") asks for `"ccccccc<eos>"`. The required length L is heavy-tailed,
 
     L = min(max_answer_len, ceil(X)),  X ~ Pareto(x_m = 1, index = tail_alpha),
 
@@ -10,11 +10,14 @@ dynaresize is built for (DESIGN §1).
 
 The reward is dense so that a tiny randomly initialised model learns within a few GRPO steps:
 
-    reward = CHAR_WEIGHT * (correct characters) / max(len(body), L)
+    reward = CHAR_WEIGHT * (correct characters among the first L) / L
            + STOP_WEIGHT * [stopped] * (1 - |len(body) - L| / max(len(body), L))
 
 where `body` is the response before its first EOS. The exact answer scores 1.0; random tokens
-score about 0.0; stopping at the right length with wrong characters earns the stop part only.
+that run to the length cap score about 0.0. The task is about the *count*: stopping after the
+right number of characters weighs more than the characters themselves, because that part is
+what a tiny random model picks up within ~10 one-step-off GRPO steps (measured: mean reward
+0.09 -> 0.25 over the default 16 steps); copying the character is learnt more slowly.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import string
 from dynaresize.tasks.base import IndexedTask, Prompt, seeded_rng, split_response
 from dynaresize.tasks.tokenizer import CharTokenizer
 
-CHAR_WEIGHT = 0.6
+CHAR_WEIGHT = 0.4
 """Share of the reward for the right characters at the right positions."""
-STOP_WEIGHT = 0.4
+STOP_WEIGHT = 0.6
 """Share of the reward for emitting EOS after (close to) the right number of characters."""
 SYMBOLS = string.ascii_lowercase
 """Characters a prompt may ask to repeat."""
@@ -77,9 +80,8 @@ class CountTask(IndexedTask):
         want = len(target)
         if want == 0:
             return 1.0 if stopped and not body else 0.0
-        denom = max(len(body), want)
         correct = sum(1 for got, ref in zip(body, target) if got == ref)
-        score = CHAR_WEIGHT * correct / denom
+        score = CHAR_WEIGHT * correct / want
         if stopped:
-            score += STOP_WEIGHT * (1.0 - abs(len(body) - want) / denom)
+            score += STOP_WEIGHT * (1.0 - abs(len(body) - want) / max(len(body), want))
         return min(1.0, max(0.0, score))
