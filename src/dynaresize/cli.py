@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dynaresize.config import ConfigError, load_config, to_toml
+from dynaresize.config import Config, ConfigError, load_config, to_toml
 
 EXIT_USAGE = 2
 
@@ -22,15 +22,47 @@ def _default_out(kind: str) -> str:
     return str(Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+def _resume_config(args: argparse.Namespace) -> Config:
+    """The run's own config.toml plus `--set` overrides; refuse what a resume cannot change."""
+    from dynaresize.checkpoint import read_latest, resume_overrides_ok
+
+    if args.config or args.out:
+        raise UsageError("--resume DIR continues DIR with its own config.toml; "
+                         "use --set to change e.g. allocation.num_train_devices")
+    try:
+        read_latest(args.resume)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    path = Path(args.resume) / "config.toml"
+    base = load_config(path, [], check_machine=False)
+    cfg = load_config(path, args.set or [], check_machine=not args.address)
+    resume_overrides_ok(base, cfg)
+    return cfg
+
+
+def _check_task_data(cfg: Config) -> None:
+    """Load the task's dataset now (no torch): a bad line fails before any process starts."""
+    from dynaresize.tasks import make_task
+
+    try:
+        make_task(cfg)
+    except ValueError as exc:
+        raise UsageError(f"task dataset: {exc}") from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set or [], check_machine=not args.address)
+    if args.resume:
+        cfg = _resume_config(args)
+    else:
+        cfg = load_config(args.config, args.set or [], check_machine=not args.address)
+    _check_task_data(cfg)
     if args.dry_run:
         print(to_toml(cfg), end="")
         return 0
-    out = args.out or _default_out("train")
+    out = args.resume or args.out or _default_out("train")
     from dynaresize.runner import run_training
 
-    summary = run_training(cfg, out, address=args.address)
+    summary = run_training(cfg, out, address=args.address, resume=bool(args.resume))
     print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
           f"final reward {summary['final_reward']:.3f}, {summary['tokens_per_s']:.0f} tokens/s, "
           f"bubble {summary['bubble_fraction']:.1%}; run directory: {out}")
@@ -51,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", metavar="DIR", help="run directory (default: runs/train-<time>)")
     train.add_argument("--address", metavar="ADDR",
                        help="join this Ray cluster instead of starting a local one")
+    train.add_argument("--resume", metavar="DIR",
+                       help="continue run directory DIR from its latest checkpoint (any "
+                       "number of devices: --set allocation.num_train_devices=...)")
     train.add_argument("--dry-run", action="store_true",
                        help="print the resolved config and exit")
     train.set_defaults(func=cmd_train)

@@ -22,16 +22,38 @@ SUMMARY_KEYS = ("wall_s", "steps", "samples_per_s", "tokens_per_s", "bubble_frac
 class RunDir:
     """Append-only writer of one run's records. `path=None` keeps records in memory only."""
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, resume_step: int | None = None) -> None:
+        """`resume_step=K`: continue an existing run directory from step K: metrics and
+        samples of steps >= K (written after the checkpoint) are dropped, events are kept, and
+        new events are shifted past the old ones (`t_offset_s`) so the timeline stays ordered."""
         self.path = Path(path) if path is not None else None
         self.metrics: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.num_samples = 0
+        self.t_offset_s = 0.0
         self._files: dict[str, TextIO] = {}
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
+            if resume_step is not None:
+                self._truncate(resume_step)
+            mode = "w" if resume_step is None else "a"
             for name in ("metrics", "events", "samples"):
-                self._files[name] = open(self.path / f"{name}.jsonl", "w")  # noqa: SIM115
+                self._files[name] = open(self.path / f"{name}.jsonl", mode)  # noqa: SIM115
+
+    def _truncate(self, resume_step: int) -> None:
+        assert self.path is not None
+        for name in ("metrics", "samples"):
+            file = self.path / f"{name}.jsonl"
+            kept = [r for r in read_jsonl(file) if r.get("step", 0) < resume_step] \
+                if file.exists() else []
+            file.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
+            if name == "metrics":
+                self.metrics = kept
+            else:
+                self.num_samples = len(kept)
+        events = self.path / "events.jsonl"
+        old = read_jsonl(events) if events.exists() else []
+        self.t_offset_s = max((e["t_end"] for e in old), default=0.0)
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
         f = self._files.get(name)
@@ -50,6 +72,9 @@ class RunDir:
         record = {"t_start": round(t_start, 6), "t_end": round(t_end, 6), "device": device,
                   "kind": kind, "critical": critical, "bytes": num_bytes, **extra}
         self.events.append(record)
+        if self.t_offset_s:
+            record = {**record, "t_start": round(t_start + self.t_offset_s, 6),
+                      "t_end": round(t_end + self.t_offset_s, 6)}
         self._write("events", record)
 
     def samples(self, records: list[dict[str, Any]]) -> None:

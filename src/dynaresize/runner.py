@@ -24,20 +24,49 @@ def _save_model(handle: Any, path: Path) -> None:
     torch.save(ray.get(handle), path)
 
 
+class RayWeightIO:
+    """Full weights between a Ray object (a WeightHandle) and a file, for checkpoints."""
+
+    @staticmethod
+    def save(handle: Any, path: Path) -> None:
+        _save_model(handle, path)
+
+    @staticmethod
+    def load(path: Path) -> Any:
+        import ray
+        import torch
+
+        return ray.put(torch.load(path, weights_only=True))
+
+
+class RunStopped(RuntimeError):
+    """`stop_after_steps` ended the run early (a stand-in for a pre-emption in tests)."""
+
+
 def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None = None,
                  pool: Any = None, progress: Progress | None = None,
-                 fail_op: Any = None) -> dict[str, Any]:
+                 fail_op: Any = None, resume: bool = False,
+                 stop_after_steps: int | None = None) -> dict[str, Any]:
     """Run `cfg` on Ray devices; write the run directory; return summary.json's content.
 
     `pool`: an existing DevicePool to reuse (tests share one per session); else one is
     started for this run (and a local Ray cluster on loopback, unless `address` is given).
-    `fail_op(resize_index, op) -> bool`: failure injection for tests."""
+    `fail_op(resize_index, op) -> bool`: failure injection for tests.
+    `resume`: continue `out_dir` from its latest checkpoint (see `checkpoint`).
+    `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
+    from dynaresize.checkpoint import Checkpointer, read_latest
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
+    from dynaresize.faults import FaultInjector
     from dynaresize.orchestrator import Orchestrator
+    from dynaresize.recovery import Recovery
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)
-    rundir = RunDir(out_dir)
+    resume_from = read_latest(out_dir) if resume else None
+    if resume_from is not None:
+        num_done = resume_from[1].num_steps
+        cfg.resize.schedule = [e for e in cfg.resize.schedule if e.step >= num_done]
+    rundir = RunDir(out_dir, resume_step=resume_from[1].num_steps if resume_from else None)
     rundir.write_config(to_toml(cfg))
     started_ray = False
     own_pool = pool is None
@@ -49,7 +78,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                              f"({alloc.describe()}) on a local Ray cluster (loopback)")
             started_ray = ensure_ray(address, num_cpus=max(cfg.num_devices, 2))
             pool = DevicePool(cfg.num_devices, cfg.devices.type,
-                              cfg.devices.threads_per_device)
+                              cfg.devices.threads_per_device, cfg.faults.timeout_s)
         assert pool.num_devices == cfg.num_devices
         alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
                                    cfg.allocation.num_train_devices)
@@ -58,12 +87,31 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
 
         def on_step(record: dict[str, Any]) -> None:
             progress.step(record)
+            if stop_after_steps is not None and record["step"] + 1 >= stop_after_steps:
+                raise RunStopped(f"stopped after {stop_after_steps} steps")
 
-        orch = Orchestrator(cfg, devices, RealClock(), task, rundir, on_step=on_step,
-                            fail_op=fail_op)
+        checkpointer = None
+        if rundir.path is not None and (cfg.run.checkpoint_every or resume_from):
+            checkpointer = Checkpointer(rundir.path, cfg.run.checkpoint_every, RayWeightIO())
+        clock = RealClock()
+        injector = FaultInjector(cfg.faults.kill, pool.kill, clock.now)
+
+        def fail_or_kill(index: int, op: Any) -> bool:
+            return injector.in_resize(orch._step, op) or bool(fail_op and fail_op(index, op))
+
+        orch = Orchestrator(cfg, devices, clock, task, rundir, on_step=on_step,
+                            fail_op=fail_or_kill, checkpointer=checkpointer,
+                            resume_from=resume_from)
+        orch.recovery = Recovery(orch, pool.is_alive, pool.new_store)
+        orch.injector = injector if cfg.faults.kill else None
         progress.status("building models and process groups…")
         summary = asyncio.run(orch.run())
         progress.close()
+        if injector.fired or orch.recovery.records:
+            summary.update(num_faults=len(orch.recovery.records),
+                           faults=orch.recovery.records,
+                           kills=[vars(f) for f in injector.fired])
+            rundir.summary(summary)
         if cfg.output.save_model and rundir.path is not None:
             _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")
         return summary
@@ -71,6 +119,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         rundir.close()
         if own_pool and pool is not None:
             pool.shutdown()
+        elif pool is not None:
+            pool.repair()  # a shared pool is whole again for the next run
         if started_ray:
             import ray
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
@@ -21,9 +22,33 @@ def loopback_env() -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
+def _clone_model(template: Any, blank: bool = False) -> Any:
+    """An equal, independent copy of a transformers model: constructed without weight
+    initialisation (its buffers are computed as usual), tied, then loaded from the template.
+    `blank`: skip the load (parameters uninitialised), for a caller that overwrites them all."""
+    import copy
+
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = type(template)(copy.deepcopy(template.config))
+    model.tie_weights()
+    if not blank:
+        model.load_state_dict(template.state_dict(), strict=True)
+    model.generation_config = copy.deepcopy(template.generation_config)
+    return model.to(template.dtype).train(template.training)
+
+
+def init_method(store: int | str) -> str:
+    """Rendezvous of a world group: a `file://` store (no listening socket at all; every
+    device is on this machine), or a TCPStore port on loopback. The TCPStore server binds
+    every interface (`::`), whatever host the URL names, so the device pool uses files."""
+    return store if isinstance(store, str) else f"tcp://{LOOPBACK}:{store}"
+
+
 class DeviceActor:
-    def __init__(self, index: int, world_size: int, store_port: int, device_type: str,
-                 threads: int) -> None:
+    def __init__(self, index: int, world_size: int, store: int | str, device_type: str,
+                 threads: int, pg_timeout_s: float = 60.0) -> None:
         os.environ.update(loopback_env())
         import torch
         import torch.distributed as dist
@@ -36,8 +61,13 @@ class DeviceActor:
         self.torch_device = "cuda:0" if device_type == "cuda" else "cpu"
         if device_type == "cuda":
             torch.cuda.set_device(0)
-        dist.init_process_group(backend, init_method=f"tcp://{LOOPBACK}:{store_port}",
-                                rank=index, world_size=world_size)
+        self.backend = backend
+        self.pg_timeout_s = pg_timeout_s
+        self.rank_of = {i: i for i in range(world_size)}
+        """Device index → world rank (identity until a world rebuild drops dead devices)."""
+        dist.init_process_group(backend, init_method=init_method(store),
+                                rank=index, world_size=world_size,
+                                timeout=timedelta(seconds=pg_timeout_s))
         self.groups: dict[tuple[int, ...], Any] = {}
         self.group_creations = 0
         self.engine: Any = None
@@ -47,6 +77,8 @@ class DeviceActor:
         self.cfg: Any = None
         self.task: Any = None
         self._mesh_generation = 0
+        self._template: Any = None
+        self._template_key: tuple[Any, ...] | None = None
 
     def ready(self) -> int:
         return os.getpid()
@@ -64,18 +96,28 @@ class DeviceActor:
         if role == "rollout":
             self._build_engine()
 
-    def _build_model(self) -> Any:
+    def _build_model(self, blank: bool = False) -> Any:
+        """The version-0 model (the same on every device). Built once per model config and
+        kept as a CPU template; later calls copy the template into a model constructed without
+        initialisation, which takes ~0.1 s where a random init of 100M parameters takes
+        1.5-7 s on one thread: the new trainers of a reshard and the engine of a device that
+        starts serving are built on a resize's critical path. `blank`: parameters left
+        uninitialised, for a model whose every parameter is overwritten next."""
         from dynaresize.models import build_model
 
         tok = self.task.tokenizer
-        model = build_model(self.cfg.model, tok.vocab_size, eos_token_id=tok.eos_id,
-                            bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
-        return model.to(self.torch_device)
+        key = (repr(self.cfg.model), tok.vocab_size, tok.eos_id, tok.bos_id, tok.pad_id)
+        if self._template_key != key:
+            self._template = build_model(self.cfg.model, tok.vocab_size, eos_token_id=tok.eos_id,
+                                         bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
+            self._template_key = key
+        return _clone_model(self._template, blank).to(self.torch_device)
 
-    def _build_engine(self) -> None:
+    def _build_engine(self, blank: bool = False) -> None:
         from dynaresize.rollout.engine import RolloutEngine
 
-        self.engine = RolloutEngine(self._build_model(), eos_token_id=self.task.tokenizer.eos_id,
+        self.engine = RolloutEngine(self._build_model(blank),
+                                    eos_token_id=self.task.tokenizer.eos_id,
                                     device_index=self.index,
                                     max_running=self.cfg.rollout.max_running_requests,
                                     batch_invariant=self.cfg.rollout.batch_invariant,
@@ -88,15 +130,22 @@ class DeviceActor:
 
         members = tuple(sorted(members))
         if members not in self.groups:
-            self.groups[members] = dist.new_group(ranks=list(members))
+            self.groups[members] = dist.new_group(ranks=[self.rank_of[m] for m in members])
             self.group_creations += 1
         return self.groups[members]
 
-    def _new_trainer(self, members: tuple[int, ...]) -> Any:
+    def _new_trainer(self, members: tuple[int, ...], blank: bool = False) -> Any:
+        """`blank`: the caller overwrites every parameter (a reshard), so the model need not
+        hold version 0, unless a KL reference (the version-0 policy) is built from it."""
         from dynaresize.train.trainer import FSDPTrainer
 
         self._mesh_generation += 1
-        return FSDPTrainer(self._build_model, self.cfg.train, self.group(members),
+        blank = blank and self.cfg.train.kl_coef == 0
+
+        def factory() -> Any:
+            return self._build_model(blank)
+
+        return FSDPTrainer(factory, self.cfg.train, self.group(members),
                            generation=self._mesh_generation, device=self.torch_device,
                            temperature=self.cfg.rollout.temperature,
                            pad_token_id=self.task.tokenizer.pad_id)
@@ -121,12 +170,15 @@ class DeviceActor:
 
         new = None
         if self.index in new_members:
-            new = self._new_trainer(tuple(new_members))
+            new = self._new_trainer(tuple(new_members), blank=True)  # the plan fills it all
             new.init_optimizer_state(optimizer_step)
         old = self.trainer if self.index in old_members else None
         shapes = (old or new).full_shapes()
-        plan = plan_reshard(shapes, tuple(old_members), tuple(new_members), staging_bytes)
-        stats = execute_reshard(plan, self.index, old, new, optimizer_step, staging_bytes)
+        # the plan addresses world ranks (monotone in device index, so the layout is the same)
+        plan = plan_reshard(shapes, tuple(self.rank_of[m] for m in old_members),
+                            tuple(self.rank_of[m] for m in new_members), staging_bytes)
+        stats = execute_reshard(plan, self.rank_of[self.index], old, new, optimizer_step,
+                                staging_bytes)
         self._next_trainer = new
         return stats.as_dict()
 
@@ -163,7 +215,7 @@ class DeviceActor:
             self._build_engine()
             return
         if self.engine is None:
-            self._build_engine()
+            self._build_engine(blank=True)  # load_weights overwrites every parameter (strict)
         self.engine.load_weights(state_dict, version)
 
     def submit(self, items: list[Any]) -> None:
@@ -190,6 +242,28 @@ class DeviceActor:
 
     def param_checksum(self) -> tuple[float, str]:
         return self.trainer.param_checksum()
+
+    def save_checkpoint(self, path: str) -> dict[str, float]:
+        """Collective over the training group: write model + optimizer state with
+        torch.distributed.checkpoint to the directory `path` (`train.checkpoint`)."""
+        from dynaresize.train.checkpoint import save_train_state
+
+        return save_train_state(self.trainer, path)
+
+    def load_checkpoint(self, path: str, optimizer_step: int) -> dict[str, float]:
+        """Collective over the training group: load a checkpoint written by a group of any
+        size into this group's sharding (`train.checkpoint`)."""
+        from dynaresize.train.checkpoint import load_train_state
+
+        return load_train_state(self.trainer, path, optimizer_step)
+
+    def rebuild_world(self, store: int | str, ranks: dict[int, int],
+                      train_members: tuple[int, ...], optimizer_step: int,
+                      keep_train_state: bool) -> None:
+        """Collective over the surviving devices: a fresh world group (see `devices.world`)."""
+        from dynaresize.devices.world import rebuild_world
+
+        rebuild_world(self, store, ranks, train_members, optimizer_step, keep_train_state)
 
     def stats(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "group_creations": self.group_creations,

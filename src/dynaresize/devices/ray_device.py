@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
 import socket
+import tempfile
 from typing import Any
 
 from dynaresize.devices.actor import LOOPBACK, DeviceActor, loopback_env
@@ -77,6 +80,12 @@ class RayDevice:
         await done_ref
         return state_ref if self._members and self._members[0] == self.index else None
 
+    async def save_checkpoint(self, path: str) -> dict[str, float]:
+        return await self.actor.save_checkpoint.remote(path)
+
+    async def load_checkpoint(self, path: str, optimizer_step: int) -> dict[str, float]:
+        return await self.actor.load_checkpoint.remote(path, optimizer_step)
+
     async def param_checksum(self) -> tuple[float, str]:
         return tuple(await self.actor.param_checksum.remote())  # type: ignore[return-value]
 
@@ -111,6 +120,14 @@ class RayDevice:
     async def stats(self) -> dict[str, Any]:
         return await self.actor.stats.remote()
 
+    async def rebuild_world(self, store: int | str, ranks: dict[int, int],
+                            train_members: tuple[int, ...], optimizer_step: int,
+                            keep_train_state: bool) -> None:
+        members = tuple(sorted(train_members))
+        self._members = members if self.index in members else ()
+        await self.actor.rebuild_world.remote(store, ranks, members, optimizer_step,
+                                              keep_train_state)
+
     async def stop(self) -> None:
         return None
 
@@ -118,19 +135,66 @@ class RayDevice:
 class DevicePool:
     """Long-lived device actors sharing one world process group."""
 
-    def __init__(self, num_devices: int, device_type: str = "cpu", threads: int = 1) -> None:
+    def __init__(self, num_devices: int, device_type: str = "cpu", threads: int = 1,
+                 pg_timeout_s: float = 60.0) -> None:
         import ray
 
         self.num_devices = num_devices
         self.device_type = device_type
-        port = free_port()
-        remote_cls = ray.remote(DeviceActor).options(
+        self._store_dir = tempfile.mkdtemp(prefix="dynaresize-store-")
+        self._num_stores = 0
+        port = self.new_store()
+        self._remote_cls = ray.remote(DeviceActor).options(
             num_cpus=0 if device_type == "cpu" else 1,
             num_gpus=1 if device_type == "cuda" else 0,
             runtime_env={"env_vars": loopback_env()}, max_restarts=0)
-        self.actors = [remote_cls.remote(i, num_devices, port, device_type, threads)
+        self._args = (device_type, threads, pg_timeout_s)
+        self.actors = [self._remote_cls.remote(i, num_devices, port, *self._args)
                        for i in range(num_devices)]
         self.pids: list[int] = ray.get([a.ready.remote() for a in self.actors])
+        self.killed: set[int] = set()
+
+    def new_store(self) -> str:
+        """A fresh rendezvous for a world group (a file: no listener, see actor.init_method)."""
+        self._num_stores += 1
+        return f"file://{self._store_dir}/world-{self._num_stores}"
+
+    def kill(self, index: int) -> None:
+        """Kill device `index`'s process for real (SIGKILL: no cleanup, like a lost GPU host)."""
+        self.killed.add(index)
+        os.kill(self.pids[index], signal.SIGKILL)
+
+    def is_alive(self, index: int) -> bool:
+        """Whether device `index`'s process still runs (not killed by us, not gone, not a
+        zombie). A killed process can linger in /proc for a moment after Ray reports it dead:
+        the `killed` set makes injected kills unambiguous."""
+        if index in self.killed:
+            return False
+        try:
+            with open(f"/proc/{self.pids[index]}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (OSError, IndexError):
+            return False
+
+    def repair(self) -> list[int]:
+        """Replace dead actors and re-form one world over all devices (a pool shared by
+        several runs is whole again after a fault run). Returns the replaced indices."""
+        import ray
+
+        dead = [i for i in range(self.num_devices) if not self.is_alive(i)]
+        if not dead:
+            return []
+        port = self.new_store()
+        identity = {i: i for i in range(self.num_devices)}
+        for i in dead:
+            self.actors[i] = self._remote_cls.remote(i, self.num_devices, port, *self._args)
+        calls = [a.ready.remote() if i in dead else a.rebuild_world.remote(port, identity, (), 0,
+                                                                           False)
+                 for i, a in enumerate(self.actors)]
+        ray.get(calls)
+        self.pids = ray.get([a.ready.remote() for a in self.actors])
+        self.killed.clear()
+        return dead
 
     def devices(self, cfg_dict: dict[str, Any], roles: tuple[Role, ...]) -> list[RayDevice]:
         assert len(roles) == self.num_devices
@@ -142,6 +206,7 @@ class DevicePool:
         for a in self.actors:
             ray.kill(a, no_restart=True)
         self.actors = []
+        shutil.rmtree(self._store_dir, ignore_errors=True)
 
 
 async def gather_stats(devices: list[RayDevice]) -> list[dict[str, Any]]:

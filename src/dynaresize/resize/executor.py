@@ -61,6 +61,8 @@ class ResizeExecutor:
         self.staging_bytes = staging_bytes
         self.fail = fail or (lambda index, op: False)
         self.num_resizes = 0
+        self.lost: set[int] = set()
+        """Devices whose process died (recovery.py): no op calls them again."""
         self._generation = 1_000
 
     async def execute(self, plan: ResizePlan, optimizer_step: int) -> ResizeReport:
@@ -132,7 +134,8 @@ class ResizeExecutor:
         elif kind == "release_kv":
             await dev.release_kv()
         elif kind == "join_group":
-            created = await asyncio.gather(*(d.join_group(plan.new_train) for d in self.devices))
+            created = await asyncio.gather(*(d.join_group(plan.new_train) for d in self.devices
+                                             if d.index not in self.lost))
             report.num_group_creations += sum(bool(c) for c in created)
         elif kind == "reshard":
             stats = await asyncio.gather(*(

@@ -33,15 +33,24 @@ class _Slot:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     leaving: bool = False
     task: asyncio.Task[None] | None = None
+    inflight: dict[tuple[int, int, int], Work] = field(default_factory=dict)
+    """Submitted to the device and not completed: what reruns elsewhere if it dies."""
 
 
 class RolloutRun:
     def __init__(self, clock: Clock, requests: Sequence[Work], max_running: int,
-                 slice_s: float, on_completions: Callable[[list[Completion]], None]) -> None:
+                 slice_s: float, on_completions: Callable[[list[Completion]], None],
+                 on_device_lost: Callable[[Device, BaseException], bool] | None = None) -> None:
+        """`on_device_lost(device, error)`: a device call failed; return True if the device
+        is gone (its requests rerun elsewhere from scratch), False to fail the run."""
         self.clock = clock
         self.max_running = max_running
         self.slice_s = slice_s
         self.on_completions = on_completions
+        self.on_device_lost = on_device_lost
+        self.num_rerun = 0
+        """Requests restarted from scratch because their device died."""
+        self.error: BaseException | None = None
         self.queue: deque[Work] = deque(requests)
         self.total = len(requests)
         self.remaining = len(requests)
@@ -97,6 +106,8 @@ class RolloutRun:
         for s in self._slots.values():
             s.wake.set()
         await asyncio.gather(*tasks)
+        if self.error is not None:
+            raise self.error
 
     def _dispatch(self) -> None:
         """Give queued work to the least-loaded device with a free slot (ties: lowest index)."""
@@ -112,6 +123,31 @@ class RolloutRun:
                 heapq.heappush(self._free, (slot.load, index))
 
     async def _drive(self, slot: _Slot) -> None:
+        try:
+            await self._serve(slot)
+        except Exception as exc:
+            if self.on_device_lost is None:
+                raise
+            self._lose(slot, exc)
+
+    def _lose(self, slot: _Slot, exc: BaseException) -> None:
+        """A device call failed: rerun everything it held from scratch (the seeded sampler
+        makes the tokens identical, DESIGN §2.3), or fail the run if the device is alive."""
+        slot.leaving = True
+        self._slots.pop(slot.device.index, None)
+        lost = [w.spec if isinstance(w, InflightRequest) else w
+                for w in [*slot.inflight.values(), *slot.pending]]
+        slot.inflight, slot.pending = {}, []
+        lost.sort(key=lambda spec: spec.key)
+        self.num_rerun += len(lost)
+        self.queue.extendleft(reversed(lost))
+        assert self.on_device_lost is not None
+        if not self.on_device_lost(slot.device, exc):
+            self.error = exc
+            self.finished.set()
+        self._dispatch()
+
+    async def _serve(self, slot: _Slot) -> None:
         while not self.finished.is_set() and not slot.leaving:
             if slot.load == 0:
                 slot.wake.clear()
@@ -119,12 +155,16 @@ class RolloutRun:
                 continue
             if slot.pending:
                 work, slot.pending = slot.pending, []
+                for w in work:
+                    slot.inflight[_key(w)] = w
                 await slot.device.submit(work)
             t0 = self.clock.now()
             span = self.busy_s.setdefault(slot.device.index, [t0, t0])
             completions = await slot.device.run_rollout(self.slice_s)
             span[1] = self.clock.now()
             if completions:
+                for c in completions:
+                    slot.inflight.pop(c.spec.key, None)
                 slot.load -= len(completions)
                 heapq.heappush(self._free, (slot.load, slot.device.index))
                 self.remaining -= len(completions)
@@ -133,3 +173,7 @@ class RolloutRun:
                 self._dispatch()
                 if self.remaining == 0:
                     self.finished.set()
+
+
+def _key(work: Work) -> tuple[int, int, int]:
+    return work.spec.key if isinstance(work, InflightRequest) else work.key

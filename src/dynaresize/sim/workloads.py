@@ -190,6 +190,10 @@ class TraceWorkload(Workload):
         return self._steps[step]
 
 
+MAX_TRACE_VALUE = 2**31
+"""Trace integers must be below this (token counts and indices fit int32)."""
+
+
 def _parse_line(where: str, text: str) -> tuple[int, ...]:
     """One trace line → the five integers of TRACE_KEYS; ValueError names `where` and field."""
     import json
@@ -209,6 +213,8 @@ def _parse_line(where: str, text: str) -> tuple[int, ...]:
             raise ValueError(f"{where}: field {key!r} = {value!r}: must be an integer")
         if value < 0:
             raise ValueError(f"{where}: field {key!r} = {value}: must be >= 0")
+        if value >= MAX_TRACE_VALUE:
+            raise ValueError(f"{where}: field {key!r} = {value}: must be < {MAX_TRACE_VALUE}")
         values.append(value)
     return tuple(values)
 
@@ -234,6 +240,13 @@ def parse_trace_lines(lines: list[str], source: str) -> TraceWorkload:
     num_steps = 1 + max(k[0] for k in rows)
     num_p = 1 + max(k[1] for k in rows)
     num_s = 1 + max(k[2] for k in rows)
+    if num_steps * num_p * num_s != len(rows):  # a hole: name the first (bounded search)
+        for step in range(num_steps):
+            for p in range(num_p):
+                for s in range(num_s):
+                    if (step, p, s) not in rows:
+                        raise ValueError(f"{source}: step {step} lacks prompt {p} sample {s} "
+                                         f"(each step needs {num_p} prompts x {num_s} samples)")
     steps = []
     for step in range(num_steps):
         response = np.zeros((num_p, num_s), dtype=np.int64)

@@ -1,0 +1,82 @@
+"""Fault injection: `[[faults.kill]]` entries kill device processes for real (tests, drills).
+
+```toml
+[[faults.kill]]
+device = 1          # device index
+step = 1            # RL step
+at = "rollout:0.3"  # once 30% of the step's requests finished | "train" | "resize"
+```
+
+- `rollout:F`: fires from the rollout loop's progress callback once the fraction F of the step's
+  requests has finished (F = 0: as soon as the first completions arrive);
+- `train`: fires while step `step`'s optimizer step runs (after every rank got its
+  micro-batches, `TRAIN_KILL_DELAY_S` into the step);
+- `resize`: fires inside the first resize of step `step`, right after its `join_group` op
+  (before `reshard`, so the resize is mid-way and must roll back).
+
+The injector only decides *when*; `kill(device)` is the backend's (RayDevice: SIGKILL of the
+actor's process). Recovery is `recovery.Recovery`'s job. Each entry fires once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dynaresize.config import KillEntry
+
+TRAIN_KILL_DELAY_S = 0.05
+"""How far into a training step a `train` kill lands (the step's collectives are running)."""
+
+
+@dataclass
+class Fired:
+    """One kill that happened."""
+
+    device: int
+    step: int
+    at: str
+    t_s: float
+
+
+class FaultInjector:
+    def __init__(self, entries: list[KillEntry], kill: Callable[[int], None],
+                 now: Callable[[], float]) -> None:
+        self._pending = list(entries)
+        self._kill = kill
+        self._now = now
+        self.fired: list[Fired] = []
+
+    def _fire(self, due: list[KillEntry]) -> list[int]:
+        for e in due:
+            self._pending.remove(e)
+            self._kill(e.device)
+            self.fired.append(Fired(e.device, e.step, e.at, self._now()))
+        return [e.device for e in due]
+
+    def at_rollout(self, step: int, fraction: float) -> list[int]:
+        """Kill the devices due at this step once `fraction` of its requests finished."""
+        return self._fire([e for e in self._pending if e.step == step
+                           and e.at.startswith("rollout:")
+                           and float(e.at.split(":", 1)[1]) <= fraction])
+
+    async def during_train(self, step: int) -> list[int]:
+        """Call as a step's training starts: kills `train` entries of `step` mid-step."""
+        due = [e for e in self._pending if e.step == step and e.at == "train"]
+        if not due:
+            return []
+        await asyncio.sleep(TRAIN_KILL_DELAY_S)
+        return self._fire(due)
+
+    def in_resize(self, step: int, op: Any) -> bool:
+        """The executor's per-op hook: after `join_group` of a resize in `step`, kill the
+        `resize` entries of that step. Never asks the executor to fail (returns False)."""
+        if getattr(op, "kind", "") == "join_group":
+            self._fire([e for e in self._pending if e.step == step and e.at == "resize"])
+        return False
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)

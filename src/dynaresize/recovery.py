@@ -1,0 +1,156 @@
+"""Recovery from device deaths: fence the device, re-form the world, restore training, go on.
+
+```
+ device call fails ──► is its process gone? ── no ──► the error propagates (a bug, not a fault)
+                              │ yes
+                              ▼
+  fence: role IDLE in the allocation (no pool uses it again); a rollout device's submitted
+  requests rerun elsewhere from scratch (RolloutRun; seeded → identical tokens)
+                              │  at the next optimizer-step boundary (train lock held)
+                              ▼
+  rebuild the world among survivors (devices.world): fresh store port, renumbered ranks
+                              │
+       a training rank died?  ├── no ──► trainers keep their shards (same order, same rows)
+                              └── yes ─► RECOVERY POINT: the last DCP checkpoint of this run
+                                         (or the version-0 model with fresh AdamW state if
+                                         none), then REPLAY the optimizer steps since then on
+                                         the steps' retained samples, then retry the step
+```
+
+Why this recovery point: a dead rank's shards (parameters and AdamW moments) are gone, so the
+state must come from disk or be recomputed. Every step's samples are a function of the config
+(DESIGN §2), so re-running the optimizer steps after the checkpoint on the same samples gives
+the same update (up to reduction order, ~1e-5); no rollout is redone, no sample is regenerated
+or dropped, and the versions already published stay valid. Memory: the samples of at most
+`run.checkpoint_every` steps (all steps when checkpoints are off). A training step that failed
+is never skipped: it reruns on the survivors.
+
+A death during a resize: the executor rolls back (or its rollback fails on the dead device);
+then the same path runs, on the old allocation minus the dead device. Rollout devices that the
+failed resize had stopped are brought back to serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from dynaresize.types import Role
+
+
+class Recovery:
+    """Driver-side fault handling for one run (see module docstring). `is_alive(index)` and
+    `new_store()` come from the backend (process table; a fresh rendezvous)."""
+
+    def __init__(self, orch: Any, is_alive: Callable[[int], bool],
+                 new_store: Callable[[], int | str]) -> None:
+        self.orch = orch
+        self.is_alive = is_alive
+        self.new_store = new_store
+        self.lost: list[int] = []
+        self.world_stale = False
+        self.train_state_lost = False
+        self.records: list[dict[str, Any]] = []
+        self._retained: dict[int, Any] = {}
+        self._train_point: tuple[int, str] | None = None
+
+    # ------------------------------------------------------------------ bookkeeping
+    def retain(self, step: int, got: Any) -> None:
+        """Keep step `step`'s samples until a checkpoint covers it (replay log)."""
+        self._retained[step] = got
+
+    def checkpointed(self, num_steps: int, train_path: str) -> None:
+        """A consistent training state after `num_steps` steps is on disk at `train_path`."""
+        self._train_point = (num_steps, train_path)
+        for step in [s for s in self._retained if s < num_steps]:
+            del self._retained[step]
+
+    def _fence(self, index: int, how: str) -> None:
+        if index in self.lost:
+            return
+        orch = self.orch
+        if index in orch.allocation.train:
+            self.train_state_lost = True
+        role = orch.allocation.roles[index].value
+        self.lost.append(index)
+        orch.executor.lost.add(index)
+        self.world_stale = True
+        orch.allocation = orch.allocation.with_roles({index: Role.IDLE})
+        now = orch.clock.now()
+        self.records.append({"device": index, "role": role, "how": how, "t_s": now})
+        orch.rundir.event(now, now, index, "fault", critical=True, role=role, how=how)
+
+    # ------------------------------------------------------------------ detection
+    def on_rollout_lost(self, device: Any, exc: BaseException) -> bool:
+        """RolloutRun's hook: True (device gone, its requests rerun) or False (a real error)."""
+        if self.is_alive(device.index):
+            return False
+        self._fence(device.index, f"{type(exc).__name__} during rollout")
+        run = self.orch._run
+        self.records[-1]["rerun_requests"] = run.num_rerun if run is not None else 0
+        return True
+
+    def find_dead(self, how: str) -> bool:
+        """Fence every device whose process is gone; True if any (new or not yet repaired)."""
+        for d in self.orch.devices:
+            if d.index not in self.lost and not self.is_alive(d.index):
+                self._fence(d.index, how)
+        return self.world_stale
+
+    # ------------------------------------------------------------------ repair
+    async def repair(self) -> None:
+        """At an optimizer-step boundary (train lock held): world, trainers, rollout pool."""
+        if not self.world_stale:
+            return
+        orch = self.orch
+        if not orch.allocation.train or not orch.allocation.rollout:
+            raise RuntimeError(f"device deaths {self.lost} left {orch.allocation.describe()}; "
+                               "each pool needs at least one device")
+        t0 = orch.clock.now()
+        survivors = [d for d in orch.devices if d.index not in self.lost]
+        ranks = {d.index: r for r, d in enumerate(survivors)}
+        store = self.new_store()
+        restore = self.train_state_lost
+        await asyncio.gather(*(d.rebuild_world(store, ranks, orch.allocation.train,
+                                               orch._optimizer_step, not restore)
+                               for d in survivors))
+        num_replayed = await self._restore_train_state() if restore else 0
+        await self._serve_again()
+        t1 = orch.clock.now()
+        self.world_stale = self.train_state_lost = False
+        for d in survivors:
+            orch.rundir.event(t0, t1, d.index, "recovery", critical=True,
+                              lost=list(self.lost), replayed_steps=num_replayed,
+                              restored=restore)
+        self.records[-1].update(recovery_s=round(t1 - t0, 4), replayed_steps=num_replayed,
+                                restored=restore)
+
+    async def _restore_train_state(self) -> int:
+        """Recovery point + replay; returns the number of optimizer steps replayed."""
+        orch = self.orch
+        trainers = orch._train_devices()
+        start = 0
+        if self._train_point is not None:
+            start, path = self._train_point
+            await asyncio.gather(*(d.load_checkpoint(path, start) for d in trainers))
+        missing = [k for k in range(start, orch._optimizer_step) if k not in self._retained]
+        if missing:
+            raise RuntimeError(f"cannot replay steps {missing}: their samples were not kept")
+        for step in range(start, orch._optimizer_step):
+            await orch._train_once(trainers, step, self._retained[step])
+        return orch._optimizer_step - start
+
+    async def _serve_again(self) -> None:
+        """Rollout devices the running step lost track of (a failed resize) serve again."""
+        orch = self.orch
+        run = orch._run
+        if run is None:
+            return
+        serving = set(run.devices())
+        for d in orch._rollout_devices():
+            if d.index not in serving:
+                version, handle = orch.current_weights()
+                await d.alloc_kv()
+                await d.load_weights(version, handle)
+                orch.start_serving(d)
