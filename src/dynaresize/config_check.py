@@ -1,0 +1,181 @@
+"""Validation of a parsed Config (pure, no torch): every bad value raises `ConfigError` naming
+the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dynaresize.config import (
+    BACKENDS,
+    CPU_DEVICE_BYTES,
+    DEVICE_TYPES,
+    MOVES,
+    POLICIES,
+    PROGRESS,
+    TASKS,
+    Config,
+    ConfigError,
+    ResizeEntry,
+)
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _is_file(path: str, directory_ok: bool = False) -> bool:
+    """Whether `path` names an existing file (or directory); a malformed path is just absent."""
+    try:
+        p = Path(path)
+        return p.is_file() or (directory_ok and p.is_dir())
+    except (OSError, ValueError):
+        return False
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(name, value, "must be > 0")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(name, value, "must be >= 0")
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(name, value, f"allowed: {', '.join(allowed)}")
+
+
+def machine_device_limit(device_type: str) -> int:
+    """How many devices of this type the machine offers (without importing torch)."""
+    if device_type == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return len([d for d in visible.split(",") if d.strip()])
+        return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
+    try:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError):
+        avail = 8 * 2**30
+    return max(1, min(64, avail // CPU_DEVICE_BYTES))
+
+
+def validate(cfg: Config, *, check_machine: bool = True) -> None:
+    r, t, m, a = cfg.run, cfg.task, cfg.train, cfg.allocation
+    _positive("run.steps", r.steps)
+    if r.staleness not in (0, 1):
+        raise ConfigError("run.staleness", r.staleness, "allowed: 0 (on-policy), 1 (one-step-off)")
+    _non_negative("run.checkpoint_every", r.checkpoint_every)
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        _positive(f"model.{name}", getattr(cfg.model, name))
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise ConfigError("model.hidden_size", cfg.model.hidden_size,
+                          f"must be divisible by model.num_heads = {cfg.model.num_heads}")
+    if cfg.model.path and not _is_file(cfg.model.path, directory_ok=True):
+        raise ConfigError("model.path", cfg.model.path, "no such local path (no downloads)")
+    _one_of("task.name", t.name, TASKS)
+    if t.name == "jsonl" and not _is_file(t.path):
+        raise ConfigError("task.path", t.path, "task 'jsonl' needs an existing JSON Lines file")
+    _positive("task.prompts_per_step", t.prompts_per_step)
+    _positive("task.samples_per_prompt", t.samples_per_prompt)
+    if t.samples_per_prompt < 2:
+        raise ConfigError("task.samples_per_prompt", t.samples_per_prompt,
+                          "must be >= 2 (GRPO normalises rewards within a group)")
+    _positive("task.max_new_tokens", t.max_new_tokens)
+    _positive("task.max_answer_len", t.max_answer_len)
+    _positive("task.tail_alpha", t.tail_alpha)
+    _positive("rollout.max_running_requests", cfg.rollout.max_running_requests)
+    _positive("rollout.temperature", cfg.rollout.temperature)
+    _positive("rollout.slice_s", cfg.rollout.slice_s)
+    _positive("train.lr", m.lr)
+    _non_negative("train.weight_decay", m.weight_decay)
+    _positive("train.micro_batch_size", m.micro_batch_size)
+    if cfg.global_batch_size % m.micro_batch_size:
+        raise ConfigError(
+            "train.micro_batch_size", m.micro_batch_size,
+            f"must divide the global batch of {cfg.global_batch_size} samples "
+            f"(task.prompts_per_step x task.samples_per_prompt)")
+    _positive("train.clip_eps", m.clip_eps)
+    _non_negative("train.kl_coef", m.kl_coef)
+    _non_negative("train.max_grad_norm", m.max_grad_norm)
+    _positive("allocation.num_rollout_devices", a.num_rollout_devices)
+    _positive("allocation.num_train_devices", a.num_train_devices)
+    _one_of("controller.policy", cfg.controller.policy, POLICIES)
+    _non_negative("controller.band", cfg.controller.band)
+    _non_negative("controller.min_dwell_steps", cfg.controller.min_dwell_steps)
+    _positive("controller.horizon_steps", cfg.controller.horizon_steps)
+    _non_negative("controller.cost_margin", cfg.controller.cost_margin)
+    _positive("controller.tail_batch", cfg.controller.tail_batch)
+    _positive("resize.staging_bytes", cfg.resize.staging_bytes)
+    _validate_schedule(cfg)
+    _validate_faults(cfg)
+    _one_of("devices.backend", cfg.devices.backend, BACKENDS)
+    _one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
+    _positive("devices.threads_per_device", cfg.devices.threads_per_device)
+    _one_of("output.progress", cfg.output.progress, PROGRESS)
+    if check_machine and cfg.devices.backend == "ray":
+        limit = machine_device_limit(cfg.devices.type)
+        if cfg.num_devices > limit:
+            raise ConfigError(
+                "allocation", f"{a.num_rollout_devices} rollout + {a.num_train_devices} train",
+                f"this machine offers at most {limit} {cfg.devices.type} devices")
+
+
+def _validate_faults(cfg: Config) -> None:
+    _positive("faults.timeout_s", cfg.faults.timeout_s)
+    for i, e in enumerate(cfg.faults.kill):
+        name = f"faults.kill[{i}]"
+        if not 0 <= e.device < cfg.num_devices:
+            raise ConfigError(f"{name}.device", e.device,
+                              f"must be in 0..{cfg.num_devices - 1} (the run's devices)")
+        if not 0 <= e.step < cfg.run.steps:
+            raise ConfigError(f"{name}.step", e.step, f"must be in 0..{cfg.run.steps - 1}")
+        head, _, frac = e.at.partition(":")
+        try:
+            ok = e.at in ("train", "resize") or (head == "rollout" and 0.0 <= float(frac) < 1.0)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"{name}.at", e.at,
+                              "allowed: 'rollout:F' with 0 <= F < 1, 'train', 'resize'")
+    if len(cfg.faults.kill) >= cfg.num_devices - 1:
+        raise ConfigError("faults.kill", f"{len(cfg.faults.kill)} kills",
+                          f"at most {cfg.num_devices - 2} with {cfg.num_devices} devices "
+                          "(each pool keeps a device)")
+
+
+def _validate_schedule(cfg: Config) -> None:
+    """Refuse forced resizes up front: bad fields, or a sequence that would empty a pool."""
+    num_rollout = cfg.allocation.num_rollout_devices
+    num_train = cfg.allocation.num_train_devices
+    indexed = list(enumerate(cfg.resize.schedule))
+    for i, e in indexed:
+        name = f"resize.schedule[{i}]"
+        if not 0 <= e.step < cfg.run.steps:
+            raise ConfigError(f"{name}.step", e.step,
+                              f"must be in 0..{cfg.run.steps - 1} (run.steps = {cfg.run.steps})")
+        if e.at != "start":
+            head, _, frac = e.at.partition(":")
+            try:
+                ok = head == "rollout" and 0.0 < float(frac) < 1.0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"{name}.at", e.at,
+                                  "allowed: 'start' or 'rollout:F' with 0 < F < 1")
+        _one_of(f"{name}.move", e.move, MOVES)
+        _positive(f"{name}.num_devices", e.num_devices)
+    for i, e in sorted(indexed, key=lambda ie: (ie[1].step, ie[1].fraction, ie[0])):
+        sign = 1 if e.move == "rollout->train" else -1
+        num_rollout -= sign * e.num_devices
+        num_train += sign * e.num_devices
+        if num_rollout < 1 or num_train < 1:
+            raise ConfigError(f"resize.schedule[{i}]", f"{e.move} x{e.num_devices} at step "
+                              f"{e.step} {e.at}", f"would leave {num_rollout} rollout and "
+                              f"{num_train} train devices; each pool needs at least 1")
+
+
+def schedule_order(cfg: Config) -> list[ResizeEntry]:
+    """Forced resizes in the order they apply: by step, then 'start' first, then by F."""
+    indexed = list(enumerate(cfg.resize.schedule))
+    return [e for _, e in sorted(indexed, key=lambda ie: (ie[1].step, ie[1].fraction, ie[0]))]
