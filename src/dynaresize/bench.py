@@ -1,0 +1,114 @@
+"""`dynaresize bench resize`: resize latency, our executor against a naive restart.
+
+Arguments are parsed before torch or Ray is imported; the work is in
+`dynaresize.benchmarks.resize_latency`. Progress goes to stderr, the table (or `--json`) to
+stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f}%"
+
+
+def _share(kind: str, share: float, row: dict[str, Any]) -> str:
+    if kind == "reshard":  # split: building the new trainers / moving the state
+        transfer = row["reshard_transfer_share"]
+        return f"reshard {_pct(share)} (transfer {_pct(transfer)})"
+    return f"{kind} {_pct(share)}"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The markdown table of README / docs/resize-benchmark.md."""
+    lines = ["| model | move | ours, first (s) | ours, repeat (s) | naive (s) | "
+             "naive / ours | group creations first → repeat | share of our critical path "
+             "(repeat) | bytes moved | peak staging |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for model in result["models"]:
+        label = f"{model['name']} ({model['num_params'] / 1e6:.1f}M)"
+        for row in model["summary"]:
+            shares = ", ".join(_share(k, v, row) for k, v in sorted(
+                row["path_shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
+            naive = f"{row['naive_s']:.2f}" if "naive_s" in row else "–"
+            ratio = f"**{row['ratio']:.1f}×**" if "ratio" in row else "–"
+            lines.append(
+                f"| {label} | {row['move']} | {row['ours_first_s']:.3f} | "
+                f"{row['ours_repeat_s']:.3f} | {naive} | {ratio} | "
+                f"{row['group_creations_first']} → {row['group_creations_repeat']} | {shares} | "
+                f"{row['bytes_moved'] / 2**20:.1f} MiB | "
+                f"{row['peak_staging_bytes'] / 2**20:.2f} MiB "
+                f"(bound {row['staging_bytes'] / 2**20:.2f}) |")
+    return "\n".join(lines)
+
+
+def format_naive(result: dict[str, Any]) -> str:
+    """Phases of each naive resize, and the checkpoint write (not on its critical path)."""
+    lines = []
+    for model in result["models"]:
+        ckpt = model.get("checkpoint")
+        if ckpt:
+            lines.append(f"{model['name']}: DCP checkpoint write {ckpt['save_s']:.2f}s, "
+                         f"{ckpt['checkpoint_bytes'] / 2**20:.0f} MiB (off the naive path)")
+        for move, m in model.get("naive", {}).items():
+            phases = ", ".join(f"{k} {v:.2f}s" for k, v in m["phases_s"].items() if v)
+            lines.append(f"{model['name']} naive {move}: {m['critical_path_s']:.2f}s; phases "
+                         f"(overlapping, slowest member): {phases}")
+    return "\n".join(lines)
+
+
+def cmd_bench_resize(args: argparse.Namespace) -> int:
+    from dynaresize.benchmarks.resize_latency import MODELS, NAIVE_MOVES, run_resize_bench
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    from dynaresize.cli import UsageError
+
+    if not models or any(m not in MODELS for m in models):
+        raise UsageError(f"--models {args.models!r}: allowed {', '.join(MODELS)}")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats}: must be >= 1")
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = run_resize_bench(models, repeats=args.repeats, staging_bytes=args.staging_bytes,
+                              naive_moves=() if args.no_naive else NAIVE_MOVES,
+                              progress=progress,
+                              extra=tuple(args.set or ()))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(format_table(result))
+        print()
+        print(format_naive(result))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench resize` to the `dynaresize` command."""
+    bench = subparsers.add_parser("bench", help="benchmarks of the real path")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+    resize = sub.add_parser(
+        "resize", help="critical path of rollout→train and train→rollout resizes (our "
+        "executor, first-time and repeated group membership) against a naive restart from a "
+        "checkpoint, for the tiny and a ~100M-parameter model, on 4 CPU devices")
+    resize.add_argument("--models", default="tiny,100m",
+                        help="comma-separated presets: tiny, 100m (default: both)")
+    resize.add_argument("--repeats", type=int, default=3,
+                        help="repetitions of the repeated-membership resizes (median)")
+    resize.add_argument("--staging-bytes", type=int, metavar="N",
+                        help="resize.staging_bytes (default: the config's)")
+    resize.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="extra config override for every model (repeatable)")
+    resize.add_argument("--no-naive", action="store_true", help="skip the naive resizes")
+    resize.add_argument("--json", action="store_true", help="print one JSON object")
+    resize.add_argument("--out", metavar="FILE.json", help="also write the JSON result here")
+    resize.set_defaults(func=cmd_bench_resize)
