@@ -116,6 +116,8 @@ class Orchestrator:
         self.history: list[StepTiming] = []
         self._step = 0
         self._num_pending_resizes = 0
+        self._serving_early: set[int] = set()
+        """train → rollout devices serving before their resize committed."""
         self._resize_critical_s: list[float] = []
         self._rollout_started_s = 0.0
         self._rollout_s: dict[int, float] = {}
@@ -139,7 +141,9 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ setup
     def _rollout_devices(self) -> list[Device]:
-        return [self.devices[i] for i in self.allocation.rollout]
+        """The rollout pool, plus devices that serve ahead of their resize's commit."""
+        indices = sorted(set(self.allocation.rollout) | self._serving_early)
+        return [self.devices[i] for i in indices]
 
     def _train_devices(self) -> list[Device]:
         return [self.devices[i] for i in self.allocation.train]
@@ -349,6 +353,7 @@ class Orchestrator:
                     await self.recovery.repair()
                 report = await self.executor.execute(plan, self._optimizer_step)
             except Exception as exc:  # the rollback itself met a dead device
+                self._serving_early -= set(plan.to_rollout)
                 if self.recovery is None or not self.recovery.find_dead(f"died in resize "
                                                                         f"at step {step}"):
                     raise
@@ -356,6 +361,7 @@ class Orchestrator:
                                       error=f"{type(exc).__name__}: {exc}"[:300])
             if self.recovery is not None and self.recovery.find_dead(f"resize at step {step}"):
                 await self.recovery.repair()
+            self._serving_early -= set(plan.to_rollout)
             if report.ok:
                 self.allocation = plan.target
                 self._resize_critical_s.append(report.critical_path_s)
@@ -375,6 +381,8 @@ class Orchestrator:
 
     def start_serving(self, device: Device) -> None:
         self.engine_version[device.index] = self._served_version
+        if device.index not in self.allocation.rollout:
+            self._serving_early.add(device.index)
         if self._run is not None:
             self._run.add_devices([device])
 

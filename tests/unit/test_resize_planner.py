@@ -36,7 +36,11 @@ def test_train_to_rollout_prepares_before_commit() -> None:
     ids = {(op.kind, op.device): op for op in plan.ops}
     commit = ids[("commit", GROUP)]
     assert ids[("alloc_kv", 1)].id in commit.deps and ids[("alloc_kv", 2)].id in commit.deps
-    assert ids[("start_serving", 1)].deps == (commit.id,)
+    # serving does not wait for the reshard: d's shards stream out while it gets ready
+    assert ids[("start_serving", 1)].deps == (ids[("alloc_kv", 1)].id,)
+    assert ids[("load_weights", 1)].deps == ()
+    assert ids[("reshard", GROUP)].id in commit.deps
+    assert ids[("drop_trainer", 2)].deps == (commit.id,)
     assert not ids[("drop_trainer", 2)].critical
 
 

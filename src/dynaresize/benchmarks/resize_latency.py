@@ -113,6 +113,7 @@ def summarize(model: dict[str, Any]) -> list[dict[str, Any]]:
             "model": model["name"], "move": move,
             "ours_first_s": first[0]["critical_path_s"],
             "ours_repeat_s": statistics.median(m["critical_path_s"] for m in repeat),
+            "ours_group_ready_s": statistics.median(m["group_ready_s"] for m in repeat),
             "group_creations_first": first[0]["num_group_creations"],
             "group_creations_repeat": max(m["num_group_creations"] for m in repeat),
             "path_shares": rep["path_shares"],
@@ -123,9 +124,13 @@ def summarize(model: dict[str, Any]) -> list[dict[str, Any]]:
             "staging_bytes": rep["staging_bytes"]}
         naive = model.get("naive", {}).get(move)
         if naive is not None:
-            row["naive_s"] = naive["critical_path_s"]
-            row["ratio"] = naive["critical_path_s"] / max(row["ours_repeat_s"], 1e-9)
-            row["ratio_first"] = naive["critical_path_s"] / max(row["ours_first_s"], 1e-9)
+            # DESIGN §4: the critical path is what delays the stage that waits for d
+            row["naive_s"] = naive["device_ready_s"]
+            row["ratio"] = naive["device_ready_s"] / max(row["ours_repeat_s"], 1e-9)
+            row["ratio_first"] = naive["device_ready_s"] / max(row["ours_first_s"], 1e-9)
+            row["naive_group_ready_s"] = naive["critical_path_s"]
+            row["group_ratio"] = naive["critical_path_s"] / max(row["ours_group_ready_s"],
+                                                                 1e-9)
         rows.append(row)
     return rows
 

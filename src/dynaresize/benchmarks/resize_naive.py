@@ -128,6 +128,9 @@ class NaiveMeasurement:
     phases_s: dict[str, float] = field(default_factory=dict)
     """Seconds per phase: spawn_import (d), form_group, build, load (the slowest member)."""
     param_sum: float = 0.0
+    device_ready_s: float = 0.0
+    """Kill → d works in its new role (rollout→train: = critical_path_s; train→rollout: its
+    fresh engine holds the weights): what the stage waiting for d waits for."""
 
 
 def _remote_cls(ray: Any) -> Any:
@@ -162,16 +165,19 @@ def measure_naive(pool_actor: Any, device: int, new_train: tuple[int, ...],
         engine = None if device in new_train else fresh.build_engine.remote(cfg_dict, checkpoint)
         ready = ray.get(ready_ref)
         spawn_s = time.perf_counter() - t0
-        group_s, build_s, load_s = (ray.get(list(r.values())) for r in (groups, builds, loads))
         engine_s = ray.get(engine) if engine is not None else {"build_s": 0.0, "load_s": 0.0}
+        engine_ready_s = time.perf_counter() - t0
+        group_s, build_s, load_s = (ray.get(list(r.values())) for r in (groups, builds, loads))
         total_s = time.perf_counter() - t0
         checks = ray.get([a.param_checksum.remote() for a in members.values()])
         phases = {"spawn_import": spawn_s, "import_torch": ready["import_s"],
                   "form_group": max(group_s), "build_model_fsdp": max(build_s),
                   "load_checkpoint": max(load_s), "engine_build": engine_s["build_s"],
                   "engine_load": engine_s["load_s"]}
-        return NaiveMeasurement("rollout->train" if device in new_train else "train->rollout",
-                                total_s, phases, float(checks[0][0]))
+        joins = device in new_train
+        return NaiveMeasurement("rollout->train" if joins else "train->rollout",
+                                total_s, phases, float(checks[0][0]),
+                                device_ready_s=total_s if joins else engine_ready_s)
     finally:
         for a in [*stay.values(), *([fresh] if fresh is not None else [])]:
             ray.kill(a, no_restart=True)

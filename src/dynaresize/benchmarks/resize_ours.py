@@ -26,7 +26,12 @@ from dynaresize.allocation import Allocation
 from dynaresize.config import Config
 from dynaresize.protocols import Device, RealClock, WeightHandle
 from dynaresize.resize.executor import ResizeExecutor, ResizeReport
-from dynaresize.resize.planner import ResizePlan, plan_resize, target_allocation
+from dynaresize.resize.planner import (
+    ResizePlan,
+    critical_chain,
+    plan_resize,
+    target_allocation,
+)
 from dynaresize.rundir import RunDir
 from dynaresize.train.batching import global_num_tokens, plan_step
 from dynaresize.types import TrainSample
@@ -57,6 +62,9 @@ class ResizeMeasurement:
     target: str
     ok: bool
     critical_path_s: float
+    """Until the moved device works in its new role (DESIGN §4)."""
+    group_ready_s: float
+    """Until the new training group holds its state (the trainers' next step waits)."""
     wall_s: float
     num_group_creations: int
     bytes_moved: int
@@ -73,27 +81,6 @@ class ResizeMeasurement:
             if op.on_critical_path and self.critical_path_s > 0:
                 out[op.kind] = out.get(op.kind, 0.0) + op.duration_s / self.critical_path_s
         return out
-
-
-def critical_chain(plan: ResizePlan, durations_s: dict[int, float]) -> set[int]:
-    """Ids of the ops on the longest chain of critical ops (the path `critical_path_s` sums)."""
-    finish: dict[int, float] = {}
-    parent: dict[int, int | None] = {}
-    for op in plan.ops:  # topological order by construction
-        deps = [d for d in op.deps if d in finish]
-        best = max(deps, key=lambda d: finish[d], default=None)
-        start = finish[best] if best is not None else 0.0
-        finish[op.id] = start + (durations_s.get(op.id, 0.0) if op.critical else 0.0)
-        parent[op.id] = best
-    critical = [op.id for op in plan.ops if op.critical]
-    if not critical:
-        return set()
-    node: int | None = max(critical, key=lambda i: finish[i])
-    chain: set[int] = set()
-    while node is not None:
-        chain.add(node)
-        node = parent[node]
-    return {i for i in chain if plan.ops[i].critical}
 
 
 class BenchHooks:
@@ -160,12 +147,13 @@ async def _prepare(devices: list[Any], alloc: Allocation, cfg: Config) -> Weight
 
 def _measure(plan: ResizePlan, report: ResizeReport, label: str, move: str,
              reshard_log: list[dict[str, float]], staging_bytes: int) -> ResizeMeasurement:
-    chain = critical_chain(plan, report.durations_s)
+    _, chain = critical_chain(plan, report.durations_s)
     ops = [OpTiming(op.kind, op.device, op.critical, report.durations_s.get(op.id, 0.0),
                     op.id in chain) for op in plan.ops]
     return ResizeMeasurement(
         move=move, label=label, source=plan.source.describe(), target=plan.target.describe(),
         ok=report.ok, critical_path_s=report.critical_path_s,
+        group_ready_s=report.group_ready_s,
         wall_s=report.t_end - report.t_start, num_group_creations=report.num_group_creations,
         bytes_moved=report.bytes_moved,
         peak_staging_bytes=int(max((s.get("peak_staging_bytes", 0) for s in reshard_log),

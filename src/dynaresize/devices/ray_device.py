@@ -42,6 +42,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     return True
 
 
+ROLLOUT_GROUP = "rollout"
+"""Actor concurrency group of the rollout-side methods (one thread; the default group has
+one thread too)."""
+
+
 class RayDevice:
     """Device protocol over a DeviceActor handle."""
 
@@ -52,20 +57,26 @@ class RayDevice:
         self._cfg_dict = cfg_dict
         self._members: tuple[int, ...] = ()
 
+    def _rollout_call(self, name: str) -> Any:
+        """Rollout-side methods run in the actor's `rollout` concurrency group, so a device
+        leaving training can load weights and start serving while its shards still stream
+        out to the remaining ranks (`reshard`, default group)."""
+        return getattr(self.actor, name).options(concurrency_group=ROLLOUT_GROUP).remote
+
     async def start(self) -> None:
         await self.actor.configure.remote(self._cfg_dict, self.role.value)
 
     async def load_weights(self, version: int, weights: Any) -> None:
-        await self.actor.load_weights.remote(version, weights)
+        await self._rollout_call("load_weights")(version, weights)
 
     async def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
-        await self.actor.submit.remote(requests)
+        await self._rollout_call("submit")(requests)
 
     async def run_rollout(self, max_s: float) -> list[Completion]:
-        return await self.actor.run_rollout.remote(max_s)
+        return await self._rollout_call("run_rollout")(max_s)
 
     async def export_inflight(self) -> list[InflightRequest]:
-        return await self.actor.export_inflight.remote()
+        return await self._rollout_call("export_inflight")()
 
     async def join_train_group(self, members: tuple[int, ...], generation: int) -> None:
         self._members = tuple(sorted(members))
@@ -90,13 +101,13 @@ class RayDevice:
         return tuple(await self.actor.param_checksum.remote())  # type: ignore[return-value]
 
     async def release_kv(self) -> None:
-        await self.actor.release_kv.remote()
+        await self._rollout_call("release_kv")()
 
     async def release_rollout_weights(self) -> None:
-        await self.actor.release_rollout_weights.remote()
+        await self._rollout_call("release_rollout_weights")()
 
     async def alloc_kv(self) -> None:
-        await self.actor.alloc_kv.remote()
+        await self._rollout_call("alloc_kv")()
 
     async def join_group(self, members: tuple[int, ...]) -> bool:
         return await self.actor.join_group.remote(tuple(sorted(members)))
@@ -144,7 +155,7 @@ class DevicePool:
         self._store_dir = tempfile.mkdtemp(prefix="dynaresize-store-")
         self._num_stores = 0
         port = self.new_store()
-        self._remote_cls = ray.remote(DeviceActor).options(
+        self._remote_cls = ray.remote(concurrency_groups={ROLLOUT_GROUP: 1})(DeviceActor).options(
             num_cpus=0 if device_type == "cpu" else 1,
             num_gpus=1 if device_type == "cuda" else 0,
             runtime_env={"env_vars": loopback_env()}, max_restarts=0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dynaresize.protocols import Clock, Device, WeightHandle
-from dynaresize.resize.planner import GROUP, Op, ResizePlan, critical_path_s
+from dynaresize.resize.planner import GROUP, Op, ResizePlan, critical_path_s, group_ready_s
 from dynaresize.rundir import RunDir
 
 
@@ -43,11 +43,14 @@ class ResizeReport:
     t_start: float
     t_end: float
     critical_path_s: float
+    """Until the moved devices work in their new role (DESIGN §4)."""
     durations_s: dict[int, float] = field(default_factory=dict)
     bytes_moved: int = 0
     num_migrated: int = 0
     num_group_creations: int = 0
     error: str = ""
+    group_ready_s: float = 0.0
+    """Until the new training group holds its state (`commit`)."""
 
 
 class ResizeExecutor:
@@ -105,10 +108,12 @@ class ResizeExecutor:
             await self._rollback(plan)
         report.t_end = self.clock.now()
         report.critical_path_s = critical_path_s(plan, report.durations_s)
+        report.group_ready_s = group_ready_s(plan, report.durations_s)
         for d in plan.to_train + plan.to_rollout:
             self.rundir.event(report.t_start, report.t_end, d, "resize", critical=True,
                               num_bytes=report.bytes_moved, resize=index, ok=report.ok,
                               critical_path_s=round(report.critical_path_s, 6),
+                              group_ready_s=round(report.group_ready_s, 6),
                               migrated=report.num_migrated, error=report.error)
         return report
 
@@ -162,7 +167,8 @@ class ResizeExecutor:
         return 0
 
     async def _rollback(self, plan: ResizePlan) -> None:
-        """Back to `plan.source`: discard new trainers; rollout devices serve again."""
+        """Back to `plan.source`: discard new trainers; rollout devices serve again; devices
+        that were about to leave training (and may already serve) go back to it."""
         members = [self.devices[i] for i in sorted(set(plan.old_train) | set(plan.new_train))]
         await asyncio.gather(*(d.abort_reshard() for d in members))
         version, handle = self.hooks.current_weights()
@@ -171,5 +177,8 @@ class ResizeExecutor:
             await dev.alloc_kv()
             await dev.load_weights(version, handle)
             self.hooks.start_serving(dev)
-        for i in plan.to_rollout:
-            await self.devices[i].release_rollout_weights()
+        for i in plan.to_rollout:  # it may already serve: its requests go back to the queue
+            dev = self.devices[i]
+            await self.hooks.stop_admission(dev)
+            self.hooks.requeue(dev, await dev.export_inflight())
+            await dev.release_rollout_weights()

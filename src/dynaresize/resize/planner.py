@@ -8,12 +8,15 @@ rollout → train (device d):
     join_group(G')  (all devices; a cached group costs 0) ───┴→ reshard(G → G') → commit(G')
     deferrable: release_rollout_weights(d)
 train → rollout (device d), at an optimizer-step boundary:
-    join_group(G') → reshard(G → G')  (d's shards flow to the ranks that stay)
-    reshard → load_weights(d, version) → alloc_kv(d) → commit(G') → start_serving(d)
-    deferrable: drop_trainer(d)
+    join_group(G') → reshard(G → G')  (d's shards flow to the ranks that stay; needed before
+                                       *their* next optimizer step, not before d serves)
+    load_weights(d, version) → alloc_kv(d) → start_serving(d)   (overlapping the reshard)
+    reshard, alloc_kv → commit(G');  deferrable: drop_trainer(d)
 
 `commit` is the point of no return: everything before it can be rolled back (the old trainers
-stay intact until then), so a resize either completes or leaves the old allocation.
+stay intact until then; a device that already serves stops and its requests are requeued),
+so a resize either completes or leaves the old allocation. The critical path of a
+train → rollout move, for the rollout stage, is load_weights → alloc_kv → start_serving.
 
 Which devices move is a pure function of the allocation (rollout → train: the highest-index
 rollout devices; train → rollout: the lowest-index training devices), so the live run and the
@@ -111,22 +114,61 @@ def plan_resize(source: Allocation, target: Allocation) -> ResizePlan:
     join = add("join_group", GROUP, True)
     reshard = add("reshard", GROUP, True, join, *released)
     prepared = []
-    for d in to_rollout:
-        load = add("load_weights", d, True, reshard)
+    for d in to_rollout:  # overlaps the reshard: d's shards stream out while it gets ready
+        load = add("load_weights", d, True)
         prepared.append(add("alloc_kv", d, True, load))
+        add("start_serving", d, True, prepared[-1])
     commit = add("commit", GROUP, True, reshard, *prepared)
     for d in to_train:
         add("release_rollout_weights", d, False, commit)
     for d in to_rollout:
-        add("start_serving", d, True, commit)
         add("drop_trainer", d, False, commit)
     return ResizePlan(source, target, to_train, to_rollout, tuple(ops))
 
 
-def critical_path_s(plan: ResizePlan, durations_s: dict[int, float]) -> float:
-    """Length of the longest chain of critical ops, given each op's measured duration."""
+def ready_ops(plan: ResizePlan) -> tuple[int, ...]:
+    """Ops after which the moved devices work in their new role: `commit` for devices joining
+    training, `start_serving` for devices joining rollout."""
+    return tuple(op.id for op in plan.ops
+                 if (op.kind == "commit" and plan.to_train) or op.kind == "start_serving")
+
+
+def _finish_times(plan: ResizePlan, durations_s: dict[int, float]
+                  ) -> tuple[dict[int, float], dict[int, int | None]]:
     finish: dict[int, float] = {}
+    parent: dict[int, int | None] = {}
     for op in plan.ops:  # ops are in topological order by construction
-        start = max((finish[d] for d in op.deps), default=0.0)
+        best = max(op.deps, key=lambda d: finish[d], default=None)
+        start = finish[best] if best is not None else 0.0
         finish[op.id] = start + (durations_s.get(op.id, 0.0) if op.critical else 0.0)
-    return max((finish[op.id] for op in plan.ops if op.critical), default=0.0)
+        parent[op.id] = best
+    return finish, parent
+
+
+def critical_chain(plan: ResizePlan, durations_s: dict[int, float]) -> tuple[float, set[int]]:
+    """The critical path (DESIGN §4: what delays the stage that waits for the moved devices):
+    the longest chain of critical ops ending where a moved device is ready. Returns its
+    length and the ids of the critical ops on it."""
+    finish, parent = _finish_times(plan, durations_s)
+    ends = ready_ops(plan)
+    if not ends:
+        return 0.0, set()
+    node: int | None = max(ends, key=lambda i: finish[i])
+    length = finish[node]
+    chain: set[int] = set()
+    while node is not None:
+        if plan.ops[node].critical:
+            chain.add(node)
+        node = parent[node]
+    return length, chain
+
+
+def critical_path_s(plan: ResizePlan, durations_s: dict[int, float]) -> float:
+    return critical_chain(plan, durations_s)[0]
+
+
+def group_ready_s(plan: ResizePlan, durations_s: dict[int, float]) -> float:
+    """When the new training group holds its state (`commit` done): what the remaining
+    trainers' next optimizer step waits for."""
+    finish, _ = _finish_times(plan, durations_s)
+    return max((finish[op.id] for op in plan.ops if op.kind == "commit"), default=0.0)
