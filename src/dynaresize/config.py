@@ -34,7 +34,7 @@ def _doc(text: str, **kwargs: Any) -> Any:
 @dataclass
 class RunConfig:
     seed: int = _doc("Run seed: data order and every request's sampler derive from it.", default=0)
-    steps: int = _doc("Number of RL steps (optimizer steps).", default=16)
+    steps: int = _doc("Number of RL steps (optimizer steps).", default=30)
     staleness: int = _doc(
         "0: on-policy; 1: one-step-off. Step k's samples come from version max(0, k - s).",
         default=1,

@@ -118,6 +118,8 @@ class Orchestrator:
         self._num_pending_resizes = 0
         self._serving_early: set[int] = set()
         """train → rollout devices serving before their resize committed."""
+        self._leaving: set[int] = set()
+        """rollout → train devices stopped by a resize in progress: no new rollout work."""
         self._resize_critical_s: list[float] = []
         self._rollout_started_s = 0.0
         self._rollout_s: dict[int, float] = {}
@@ -141,8 +143,9 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ setup
     def _rollout_devices(self) -> list[Device]:
-        """The rollout pool, plus devices that serve ahead of their resize's commit."""
-        indices = sorted(set(self.allocation.rollout) | self._serving_early)
+        """The rollout pool, plus devices that serve ahead of their resize's commit, minus
+        devices on their way to training (stopped, not yet committed)."""
+        indices = sorted((set(self.allocation.rollout) | self._serving_early) - self._leaving)
         return [self.devices[i] for i in indices]
 
     def _train_devices(self) -> list[Device]:
@@ -362,6 +365,7 @@ class Orchestrator:
             if self.recovery is not None and self.recovery.find_dead(f"resize at step {step}"):
                 await self.recovery.repair()
             self._serving_early -= set(plan.to_rollout)
+            self._leaving -= set(plan.to_train)
             if report.ok:
                 self.allocation = plan.target
                 self._resize_critical_s.append(report.critical_path_s)
@@ -370,6 +374,7 @@ class Orchestrator:
             return report
 
     async def stop_admission(self, device: Device) -> None:
+        self._leaving.add(device.index)
         if self._run is not None:
             await self._run.stop_admission(device)
 
@@ -380,6 +385,7 @@ class Orchestrator:
             assert not exported, "requests in flight outside a rollout step"
 
     def start_serving(self, device: Device) -> None:
+        self._leaving.discard(device.index)
         self.engine_version[device.index] = self._served_version
         if device.index not in self.allocation.rollout:
             self._serving_early.add(device.index)
