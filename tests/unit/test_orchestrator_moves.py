@@ -1,0 +1,70 @@
+"""Controller moves that do not block the step (the hysteresis style), in the twin: however
+they interleave with the rollout and the train step, every sample keeps its fixed version
+(the orchestrator's own §2.1/§2.2 checks raise otherwise) and the allocation ends right."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynaresize.controller import Move, RunView
+from dynaresize.sim.costs import get_cost_model
+from dynaresize.sim.harness import run_config, sim_config
+from dynaresize.sim.workloads import get_workload
+
+
+class Alternate:
+    """Every step start: move one device, alternating direction (non-blocking)."""
+
+    needs_progress = True
+
+    def __init__(self, mid_rollout: bool) -> None:
+        self.mid_rollout = mid_rollout
+        self.fired: set[int] = set()
+
+    def _move(self, step: int) -> list[Move]:
+        direction = "rollout->train" if step % 2 else "train->rollout"
+        return [Move(direction, 1)]
+
+    def at_step_start(self, view: RunView) -> list[Move]:
+        return [] if self.mid_rollout or view.step == 0 else self._move(view.step)
+
+    def on_rollout_progress(self, view: RunView) -> list[Move]:
+        if not self.mid_rollout or view.step in self.fired or view.step == 0:
+            return []
+        if view.rollout_finished < view.rollout_total // 3:
+            return []
+        self.fired.add(view.step)
+        return self._move(view.step)
+
+    def at_rollout_end(self, view: RunView) -> list[Move]:
+        return []
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize("mid_rollout", [False, True])
+def test_non_blocking_moves_keep_versions(staleness: int, mid_rollout: bool) -> None:
+    workload = get_workload("dapo-7b", seed=3, requests_per_step=64)
+    costs = get_cost_model("h100-7b")
+    cfg = sim_config(workload, 3, 3, 7, staleness, 0, costs)
+    run = run_config(cfg, workload, costs, controller=Alternate(mid_rollout))
+    assert run.summary["steps"] == 7
+    assert run.summary["num_resizes"] == 6      # one per step after the first, both ways
+    metrics = run.rundir.metrics
+    assert [m["policy_version"] for m in metrics] == [max(0, k - staleness) for k in range(7)]
+    assert (metrics[-1]["num_rollout_devices"], metrics[-1]["num_train_devices"]) == (3, 3)
+
+
+def test_device_stopped_between_steps_gets_no_rollout_work() -> None:
+    """Regression (found by the twin): at staleness 1 with training the bottleneck, a
+    rollout->train move decided at a step start took the optimizer-step boundary before the
+    step's rollout existed; the device was still handed that rollout's requests and, once a
+    trainer, finished one with the next version. Every sample must keep its version."""
+    from dynaresize.hysteresis import HysteresisController, HysteresisParams
+
+    workload = get_workload("drift", seed=0, requests_per_step=2048)
+    costs = get_cost_model("h100-7b")
+    cfg = sim_config(workload, 26, 6, 12, 1, 0, costs)
+    run = run_config(cfg, workload, costs, controller=HysteresisController(HysteresisParams()))
+    assert run.summary["num_resizes"] >= 2
+    assert [m["policy_version"] for m in run.rundir.metrics] == [max(0, k - 1)
+                                                                for k in range(12)]
