@@ -120,7 +120,10 @@ class SimDevice:
         while self._waiting and len(self._running) < self.costs.max_running_requests:
             req = self._waiting[0]
             ctx = req.prompt_tokens + req.generated
-            if self._kv_tokens + ctx + 1 > self.kv_capacity_tokens and self._running:
+            # room for the prefill and one decode iteration of every running request (else the
+            # next iteration preempts it straight away, and run_rollout would spin)
+            room = self.kv_capacity_tokens - self._kv_tokens - len(self._running) - 1
+            if ctx + 1 > room and self._running:
                 break
             self._waiting.popleft()
             req.start_iter, req.live = self._iter, True
