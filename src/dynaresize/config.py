@@ -213,7 +213,8 @@ BACKENDS = ("ray", "sim")
 DEVICE_TYPES = ("cpu", "cuda")
 PROGRESS = ("auto", "live", "plain")
 CPU_DEVICE_BYTES = 512 * 2**20
-"""Memory one CPU device process needs (torch + transformers + a tiny model)."""
+"""Memory one CPU device process needs (torch + transformers + a tiny model): the machine offers
+total memory / this many CPU devices (at most 64)."""
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -311,6 +312,8 @@ def load_config(path: str | os.PathLike[str] | None = None,
                 overrides: list[str] | tuple[str, ...] = (),
                 *, check_machine: bool = True) -> Config:
     """Build a validated Config from defaults, an optional TOML file and overrides."""
+    from dynaresize.config_check import _is_file, validate
+
     cfg = Config()
     if path is not None:
         p = Path(path)
@@ -336,6 +339,8 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     """Rebuild a Config from `Config.to_dict()` output (e.g. inside a device process)."""
     cfg = Config()
     _apply(cfg, data, "config")
+    from dynaresize.config_check import validate
+
     validate(cfg, check_machine=False)
     return cfg
 
@@ -367,12 +372,15 @@ def to_toml(cfg: Config) -> str:
     return "\n".join(lines)
 
 
-from dynaresize.config_check import (  # noqa: E402  (validation lives beside, re-exported)
-    _is_file,
-    machine_device_limit,
-    schedule_order,
-    validate,
-)
+_CHECKS = ("machine_device_limit", "schedule_order", "validate", "_is_file")
 
-__all__ = ["Config", "ConfigError", "config_from_dict", "load_config", "machine_device_limit",
-           "parse_override", "schedule_order", "to_toml", "validate"]
+
+def __getattr__(name: str) -> Any:
+    """Validation lives in config_check (which imports this module): re-exported lazily."""
+    if name in _CHECKS:
+        from dynaresize import config_check
+
+        return getattr(config_check, name)
+    raise AttributeError(f"module 'dynaresize.config' has no attribute {name!r}")
+
+

@@ -53,11 +53,13 @@ def machine_device_limit(device_type: str) -> int:
         if visible is not None:
             return len([d for d in visible.split(",") if d.strip()])
         return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
+    # Total memory, not free memory: free pages shrink with the page cache and with whatever
+    # else runs, which would make validation depend on the moment.
     try:
-        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        avail = 8 * 2**30
-    return max(1, min(64, avail // CPU_DEVICE_BYTES))
+        total = 8 * 2**30
+    return max(1, min(64, total // CPU_DEVICE_BYTES))
 
 
 def validate(cfg: Config, *, check_machine: bool = True) -> None:
