@@ -41,7 +41,11 @@ def test_bench_resize_tiny(ray_cluster: None) -> None:
     assert [r["move"] for r in rows] == ["rollout->train", "train->rollout"]
     for row in rows:
         assert row["group_creations_repeat"] == 0 and row["group_creations_first"] > 0
-        assert "reshard" in row["path_shares"]
+    # DESIGN §4: rollout->train waits for the reshard; train->rollout serves while its
+    # shards stream out, so the reshard is only on the training group's path
+    assert "reshard" in rows[0]["path_shares"]
+    assert "reshard" not in rows[1]["path_shares"] and "load_weights" in rows[1]["path_shares"]
+    assert rows[1]["ours_group_ready_s"] >= rows[1]["ours_repeat_s"]
     assert rows[1]["ratio"] > 1 and rows[1]["naive_s"] > rows[1]["ours_repeat_s"]
     assert "ratio" not in rows[0]
     assert "naive / ours" in format_table(result)
