@@ -117,7 +117,9 @@ POLICY_MODULES = ("dynaresize.hysteresis", "dynaresize.borrow")
 """Modules that register their policy on import."""
 
 
-def make_controller(cfg: Config) -> Controller:
+def load_policy_modules() -> tuple[str, ...]:
+    """Import the modules that register policies (missing ones are skipped); return every
+    registered policy name."""
     import importlib
 
     for name in POLICY_MODULES:
@@ -126,6 +128,11 @@ def make_controller(cfg: Config) -> Controller:
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
+    return tuple(sorted(CONTROLLERS))
+
+
+def make_controller(cfg: Config) -> Controller:
+    load_policy_modules()
     try:
         factory = CONTROLLERS[cfg.controller.policy]
     except KeyError:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_views import max_param_diff, sample_view
 
 from dynaresize.config import load_config
 from dynaresize.rundir import read_jsonl
@@ -28,19 +29,8 @@ def run(pool: Any, out: Path, *overrides: str) -> dict[str, Any]:
     return run_training(cfg, out, pool=pool(cfg.num_devices))
 
 
-def sample_view(path: Path) -> dict[tuple[int, int, int], tuple[int, str]]:
-    records = read_jsonl(path / "samples.jsonl")
-    view = {(s["step"], s["prompt"], s["sample"]): (s["version"], s["tokens_sha256"])
-            for s in records}
-    assert len(view) == len(records), "a sample was recorded twice"
-    return view
 
 
-def max_param_diff(a: Path, b: Path) -> float:
-    import torch
-
-    sa, sb = torch.load(a / "model.pt"), torch.load(b / "model.pt")
-    return max(float((sa[k].double() - sb[k].double()).abs().max()) for k in sa)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_views import max_param_diff, sample_view
 
 from dynaresize.config import load_config
 from dynaresize.rundir import read_jsonl
@@ -31,18 +32,8 @@ def run(pool: Any, out: Path, *overrides: str, **kwargs: Any) -> dict[str, Any]:
     return run_training(cfg, out, pool=pool(cfg.num_devices), **kwargs)
 
 
-def sample_view(path: Path) -> dict[tuple[int, int, int], tuple[int, str, int]]:
-    return {(s["step"], s["prompt"], s["sample"]): (s["version"], s["tokens_sha256"],
-                                                    s["response_tokens"])
-            for s in read_jsonl(path / "samples.jsonl")}
 
 
-def max_param_diff(a: Path, b: Path) -> float:
-    import torch
-
-    sa, sb = torch.load(a / "model.pt"), torch.load(b / "model.pt")
-    assert sa.keys() == sb.keys()
-    return max(float((sa[k].double() - sb[k].double()).abs().max()) for k in sa)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_views import max_param_diff, sample_view
 
 from dynaresize.config import load_config
 from dynaresize.rundir import read_jsonl
@@ -20,20 +21,8 @@ BASE = ["run.steps=4", "run.staleness=1", "task.prompts_per_step=4",
         "output.progress='plain'", "rollout.slice_s=0.05"]
 
 
-def sample_view(path: Path) -> dict[tuple[int, int, int], tuple[int, str]]:
-    records = read_jsonl(path / "samples.jsonl")
-    view = {(s["step"], s["prompt"], s["sample"]): (s["version"], s["tokens_sha256"])
-            for s in records}
-    assert len(view) == len(records), "a sample was recorded twice"
-    return view
 
 
-def max_param_diff(a: Path, b: Path) -> float:
-    import torch
-
-    sa, sb = torch.load(a / "model.pt"), torch.load(b / "model.pt")
-    assert sa.keys() == sb.keys()
-    return max(float((sa[k].double() - sb[k].double()).abs().max()) for k in sa)
 
 
 def test_stop_and_resume_with_more_train_devices(device_pool: Any, tmp_path: Path) -> None:

@@ -21,13 +21,12 @@ policy writes a live-like run directory to `out_dir/<policy>/`.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dynaresize.controller import CONTROLLERS
+from dynaresize.controller import CONTROLLERS, load_policy_modules
 from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
 from dynaresize.sim.harness import StepSubset, results_row, run_config, sim_config
@@ -41,19 +40,11 @@ from dynaresize.sim.oracle import (
 from dynaresize.sim.workloads import Workload, resolve_workload
 
 BUILTIN_POLICIES = ("static", "colocated", "oracle")
-POLICY_MODULES = ("dynaresize.borrow", "dynaresize.hysteresis")
-"""Modules that register controller policies on import (missing ones are skipped)."""
 
 
 def load_policies() -> tuple[str, ...]:
     """Import the policy modules; return every policy name `simulate` accepts."""
-    for name in POLICY_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    controllers = tuple(sorted(p for p in CONTROLLERS if p not in BUILTIN_POLICIES))
+    controllers = tuple(p for p in load_policy_modules() if p not in BUILTIN_POLICIES)
     return BUILTIN_POLICIES + controllers
 
 
