@@ -219,7 +219,8 @@ class Orchestrator:
             self._rollout_started_s = self.clock.now()
             run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
                              cfg.rollout.slice_s, on_done,
-                             self.recovery.on_rollout_lost if self.recovery else None)
+                             self.recovery.on_rollout_lost if self.recovery else None,
+                             drain=self._may_drain)
             self._run = run
             run.add_devices(self._rollout_devices())
             await run.wait()
@@ -236,6 +237,12 @@ class Orchestrator:
             for move in self.controller.at_rollout_end(self.view()):
                 fired.append(self._resize_soon(move.move, move.num_devices, step))
             await asyncio.gather(*fired)
+
+    def _may_drain(self) -> bool:
+        """Whether rollout devices may run until empty without reporting each completion:
+        nobody watches progress (controller, fault injector) and no resize is pending."""
+        return (not getattr(self.controller, "needs_progress", True) and self.injector is None
+                and self._num_pending_resizes == 0)
 
     def _resize_soon(self, move: str, num_devices: int, step: int) -> asyncio.Future[Any]:
         """Start a resize in the background (it waits for the next optimizer-step boundary)."""

@@ -57,9 +57,9 @@ class Device(Protocol):
         """Queue requests (new or migrated) on the rollout engine."""
         ...
 
-    async def run_rollout(self, max_s: float) -> list[Completion]:
-        """Run decode iterations until at least one request finishes, `max_s` passes, or the
-        engine is empty; return what finished."""
+    async def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Completion]:
+        """Run decode iterations until at least one request finishes (`until_empty`: until
+        none is left), `max_s` passes, or the engine is empty; return what finished."""
         ...
 
     async def export_inflight(self) -> list[InflightRequest]:

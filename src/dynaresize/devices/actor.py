@@ -222,8 +222,8 @@ class DeviceActor:
         for item in items:
             self.engine.add(item)
 
-    def run_rollout(self, max_s: float) -> list[Any]:
-        return self.engine.run(max_s)
+    def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Any]:
+        return self.engine.run(max_s, until_empty)
 
     def export_inflight(self) -> list[Any]:
         return self.engine.export_inflight() if self.engine is not None else []

@@ -72,8 +72,8 @@ class RayDevice:
     async def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
         await self._rollout_call("submit")(requests)
 
-    async def run_rollout(self, max_s: float) -> list[Completion]:
-        return await self._rollout_call("run_rollout")(max_s)
+    async def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Completion]:
+        return await self._rollout_call("run_rollout")(max_s, until_empty)
 
     async def export_inflight(self) -> list[InflightRequest]:
         return await self._rollout_call("export_inflight")()

@@ -177,13 +177,13 @@ class RolloutEngine:
         self.stats.busy_s += time.perf_counter() - t0
         return finished
 
-    def run(self, max_s: float) -> list[Completion]:
-        """Call `step` until at least one request finishes, `max_s` seconds pass, or the engine is
-        empty; return the finished requests."""
+    def run(self, max_s: float, until_empty: bool = False) -> list[Completion]:
+        """Call `step` until at least one request finishes (`until_empty`: until none is left),
+        `max_s` seconds pass, or the engine is empty; return the finished requests."""
         deadline = time.monotonic() + max_s
         finished: list[Completion] = []
-        while (self._waiting or self._running) and not finished:
-            finished = self.step()
+        while (self._waiting or self._running) and (until_empty or not finished):
+            finished += self.step()
             if time.monotonic() >= deadline:
                 break
         return finished

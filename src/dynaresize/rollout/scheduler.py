@@ -23,6 +23,8 @@ from dynaresize.protocols import Clock, Device
 from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 Work = RequestSpec | InflightRequest
+DRAIN_SLICES = 100
+"""A draining `run_rollout` call lasts at most this many slices."""
 
 
 @dataclass
@@ -40,14 +42,19 @@ class _Slot:
 class RolloutRun:
     def __init__(self, clock: Clock, requests: Sequence[Work], max_running: int,
                  slice_s: float, on_completions: Callable[[list[Completion]], None],
-                 on_device_lost: Callable[[Device, BaseException], bool] | None = None) -> None:
+                 on_device_lost: Callable[[Device, BaseException], bool] | None = None,
+                 drain: Callable[[], bool] | None = None) -> None:
         """`on_device_lost(device, error)`: a device call failed; return True if the device
-        is gone (its requests rerun elsewhere from scratch), False to fail the run."""
+        is gone (its requests rerun elsewhere from scratch), False to fail the run.
+        `drain()`: True when no one needs to see completions one by one (no controller
+        watching progress, no resize pending): once the queue is empty, each device then runs
+        until it is empty (at most `DRAIN_SLICES` slices) in one call."""
         self.clock = clock
         self.max_running = max_running
         self.slice_s = slice_s
         self.on_completions = on_completions
         self.on_device_lost = on_device_lost
+        self.drain = drain
         self.num_rerun = 0
         """Requests restarted from scratch because their device died."""
         self.error: BaseException | None = None
@@ -160,7 +167,11 @@ class RolloutRun:
                 await slot.device.submit(work)
             t0 = self.clock.now()
             span = self.busy_s.setdefault(slot.device.index, [t0, t0])
-            completions = await slot.device.run_rollout(self.slice_s)
+            if not self.queue and self.drain is not None and self.drain():
+                # nothing left to dispatch and nobody watching progress: one call per device
+                completions = await slot.device.run_rollout(self.slice_s * DRAIN_SLICES, True)
+            else:
+                completions = await slot.device.run_rollout(self.slice_s)
             span[1] = self.clock.now()
             if completions:
                 for c in completions:

@@ -142,10 +142,10 @@ class SimDevice:
         req.live = False
         self._waiting.appendleft(req)
 
-    async def run_rollout(self, max_s: float) -> list[Completion]:
+    async def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Completion]:
         elapsed_s = 0.0
         done: list[Completion] = []
-        while not done:
+        while until_empty or not done:
             elapsed_s += self._admit()
             if not self._running or elapsed_s >= max_s:
                 break
