@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 # The same tiny Qwen2 model, samples and config as the trainer test (a sibling module: pytest's
 # default import mode puts this directory on sys.path, and spawned workers inherit it).
-from test_trainer_dist import CONFIG, free_port, make_model, max_abs_diff, run_steps
+from test_trainer_dist import CONFIG, file_store, make_model, max_abs_diff, run_steps
 
 from dynaresize.resize.reshard import bytes_by_device, plan_reshard, row_bytes, shard_rows
 
@@ -97,11 +97,11 @@ def reference(groups: dict, out: Path) -> None:
     torch.save({"sd": trainer.full_state_dict(), **snapshot(trainer)}, out / "reference.pt")
 
 
-def worker(rank: int, world_size: int, port: int, out: str) -> None:
+def worker(rank: int, world_size: int, store: str, out: str) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=store, rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=60))
     try:
         # every world rank creates every group, in the same order (gloo)
@@ -119,7 +119,8 @@ def worker(rank: int, world_size: int, port: int, out: str) -> None:
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("reshard_dist")
     t0 = time.monotonic()
-    job = mp.start_processes(worker, args=(4, free_port(), str(out)), nprocs=4, join=False,
+    job = mp.start_processes(worker, args=(4, file_store(out, "reshard"), str(out)), nprocs=4,
+                             join=False,
                              start_method="spawn")
     try:
         while not job.join(timeout=1.0):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -147,11 +146,11 @@ def scenario_world3(rank: int, out: Path) -> None:
                    out / "world3_C.pt")
 
 
-def worker(rank: int, world_size: int, port: int, scenario: str, out: str) -> None:
+def worker(rank: int, world_size: int, store: str, scenario: str, out: str) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=store, rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=60))
     try:
         {"single": scenario_single, "world3": scenario_world3}[scenario](rank, Path(out))
@@ -160,16 +159,16 @@ def worker(rank: int, world_size: int, port: int, scenario: str, out: str) -> No
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def file_store(directory: Path, name: str) -> str:
+    """A `file://` rendezvous: unlike a TCPStore (whose server binds every interface), it
+    opens no socket at all."""
+    return f"file://{directory / f'store-{name}'}"
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("trainer_dist")
-    jobs = [mp.start_processes(worker, args=(n, free_port(), name, str(out)), nprocs=n,
+    jobs = [mp.start_processes(worker, args=(n, file_store(out, name), name, str(out)), nprocs=n,
                                join=False, start_method="spawn")
             for name, n in (("single", 1), ("world3", 3))]
     deadline = time.monotonic() + JOB_TIMEOUT_S

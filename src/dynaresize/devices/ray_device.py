@@ -10,18 +10,11 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import tempfile
 from typing import Any
 
 from dynaresize.devices.actor import LOOPBACK, DeviceActor, loopback_env
 from dynaresize.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
