@@ -122,7 +122,6 @@ class Orchestrator:
         """rollout → train devices stopped by a resize in progress: no new rollout work."""
         self._resize_critical_s: list[float] = []
         self._rollout_started_s = 0.0
-        self._rollout_s: dict[int, float] = {}
         self._train_lock = asyncio.Lock()
         self._optimizer_step = 0
         self._resizes_in_step: dict[int, int] = {}
@@ -226,7 +225,6 @@ class Orchestrator:
             await run.wait()
             self._run = None
             rollout_s = self.clock.now() - self._rollout_started_s
-            self._rollout_s[step] = rollout_s
             for device, (a, b) in run.busy_s.items():
                 self.rundir.event(a, b, device, "rollout", critical=True, step=step)
             expected = {(p.id, j) for p in prompts for j in range(cfg.task.samples_per_prompt)}

@@ -6,7 +6,6 @@ device, forms the world process group once, and hands out RayDevice handles for 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -212,6 +211,3 @@ class DevicePool:
         self.actors = []
         shutil.rmtree(self._store_dir, ignore_errors=True)
 
-
-async def gather_stats(devices: list[RayDevice]) -> list[dict[str, Any]]:
-    return list(await asyncio.gather(*(d.stats() for d in devices)))
