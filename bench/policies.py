@@ -20,9 +20,10 @@ from dynaresize.sim.run import simulate
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- policies:start -->", "<!-- policies:end -->"
-CASES = [  # (workload, gpus, requests per step)
-    ("dapo-7b", 16, 1024), ("dapo-7b", 64, 4096), ("drift", 32, 2048),
-    ("balanced", 16, 1024), ("agentic", 32, 1024),
+CASES = [  # (workload, gpus, requests per step): work-bound first, then tail-bound ones
+    ("dapo-7b", 16, 8192), ("dapo-7b", 32, 8192), ("dapo-7b", 64, 8192),
+    ("dapo-7b", 64, 4096), ("drift", 32, 2048), ("agentic", 32, 1024),
+    ("balanced", 16, 1024),
 ]
 POLICIES = ("static", "colocated", "borrow", "hysteresis", "oracle")
 
@@ -38,9 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     steps = 6 if args.quick else args.steps
-    lines = ["| workload | GPUs | s | static (split) | colocated | borrow | hysteresis | oracle "
-             "| hysteresis / static | gap closed | resizes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | GPUs | s | oracle binds | static (split) | colocated | borrow "
+             "| hysteresis | oracle | hyst / static | hyst / colocated | gap closed | resizes "
+             "| idle dev-s/step (hyst) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     t0 = time.time()
     for workload, gpus, requests in CASES:
         for staleness in (1, 0):
@@ -56,12 +58,16 @@ def main(argv: list[str] | None = None) -> int:
             hyst = row_of(res, "hysteresis") or {}
             gap = thr["oracle"] - thr["static"]
             closed = (thr["hysteresis"] - thr["static"]) / gap if gap > 0 else float("nan")
+            oracle = row_of(res, "oracle") or {}
+            idle = hyst.get("bubble_fraction", 0.0) * gpus * hyst.get("mean_step_s", 0.0)
             lines.append(
                 f"| {workload} ({requests} req/step) | {gpus} | {staleness} "
+                f"| {oracle.get('binds', '?')} "
                 f"| {thr['static']:.2f} ({split.get('rollout')}R/{split.get('train')}T) "
                 f"| {thr['colocated']:.2f} | {thr['borrow']:.2f} | {thr['hysteresis']:.2f} "
                 f"| {thr['oracle']:.2f} | {thr['hysteresis'] / thr['static']:.3f} "
-                f"| {closed:.0%} | {hyst.get('num_resizes', 0)} |")
+                f"| {thr['hysteresis'] / thr['colocated']:.3f} "
+                f"| {closed:.0%} | {hyst.get('num_resizes', 0)} | {idle:.0f} |")
             print(lines[-1], flush=True)
     header = (f"Samples/s in the twin (h100-7b cost model), {steps} steps, seed 0; measured "
               f"{time.strftime('%Y-%m-%d')} on {platform.machine()} "

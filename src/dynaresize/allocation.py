@@ -7,6 +7,7 @@ Devices are numbered 0..N-1; the initial allocation gives the first
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from dynaresize.types import Role
 
@@ -25,11 +26,11 @@ class Allocation:
     def num_devices(self) -> int:
         return len(self.roles)
 
-    @property
+    @cached_property  # the roles never change: computed once (views read it per completion)
     def rollout(self) -> tuple[int, ...]:
         return tuple(i for i, r in enumerate(self.roles) if r is Role.ROLLOUT)
 
-    @property
+    @cached_property
     def train(self) -> tuple[int, ...]:
         return tuple(i for i, r in enumerate(self.roles) if r is Role.TRAIN)
 

@@ -51,8 +51,19 @@ class BorrowController:
         self.cfg = cfg or BorrowConfig()
         self._lent = 0
         self._lent_step = -1
+        self._step = -1
+        self._closed_step = -1
+        """The step in which `on_rollout_progress` can return nothing more."""
+
+    @property
+    def needs_progress(self) -> bool:
+        """False once this step's lend-and-return is over or too late to start (the share
+        of finished requests only grows): the orchestrator then stops reporting progress, so
+        rollout devices may run until empty. The decisions are the same either way."""
+        return self._closed_step != self._step
 
     def at_step_start(self, view: RunView) -> list[Move]:
+        self._step = view.step
         return self._return()
 
     def _return(self) -> list[Move]:
@@ -76,14 +87,20 @@ class BorrowController:
         return 0.0
 
     def on_rollout_progress(self, view: RunView) -> list[Move]:
+        self._step = view.step
         if not view.rollout_total:
             return []
         done = view.rollout_finished / view.rollout_total
         if self._lent:
-            return self._return() if done >= self.cfg.return_fraction else []
+            if done < self.cfg.return_fraction:
+                return []
+            self._closed_step = view.step
+            return self._return()
+        if self._lent_step == view.step or 1.0 - done < self.cfg.min_remaining_fraction:
+            self._closed_step = view.step  # lent and returned, or too late to lend
+            return []
         trainers_idle = len(view.history) >= view.step
-        if (not trainers_idle or self._lent_step == view.step
-                or 1.0 - done < self.cfg.min_remaining_fraction):
+        if not trainers_idle:
             return []
         num_train = len(view.allocation.train)
         num = min(num_train - self.cfg.min_train_devices,

@@ -91,6 +91,16 @@ class TrainConfig:
     kl_coef: float = _doc("KL penalty to the initial (reference) policy; 0 disables it.",
                           default=0.0)
     max_grad_norm: float = _doc("Gradient clipping norm (0: off).", default=1.0)
+    exact_reduction: bool = _doc(
+        "Bitwise the same update whatever the number of training ranks and whichever rank "
+        "trained which micro-batch (runs with runtime resizes then end with the same "
+        "param_sha256 as any run of that seed); also lets micro-batches be trained as they "
+        "become ready. Cost: every training rank holds the full parameters, the full "
+        "per-micro-batch gradients (fp32, micro-batches x parameters while combining) and one "
+        "all-reduce of them per step: meant for small models / CPU; false: plain FSDP "
+        "(sharded gradients, equal across layouts only up to float reduction order).",
+        default=True,
+    )
 
 
 @dataclass
@@ -101,10 +111,12 @@ class AllocationConfig:
 
 @dataclass
 class ControllerConfig:
-    policy: str = _doc("Allocation policy: 'static' (fixed split, plus any forced "
-                       "[[resize.schedule]]), 'hysteresis' (balance the stages at runtime) or "
-                       "'borrow' (trainer->rollout borrowing only, a baseline).",
-                       default="static")
+    policy: str = _doc("Allocation policy: 'hysteresis' (balance the stages at runtime: "
+                       "split between steps, tail release, streaming training), 'static' "
+                       "(fixed split, plus any forced [[resize.schedule]]) or 'borrow' "
+                       "(trainer->rollout borrowing only, a baseline). A non-empty "
+                       "[[resize.schedule]] forces its resizes instead.",
+                       default="hysteresis")
     band: float = _doc("hysteresis: change the split only if the predicted step time improves "
                        "by more than this fraction.", default=0.05)
     min_dwell_steps: int = _doc("hysteresis: steps between two split changes, at least.",
@@ -117,6 +129,9 @@ class ControllerConfig:
                               "rollout tail thins.", default=True)
     tail_batch: int = _doc("hysteresis: requests per engine that count as lightly loaded in "
                            "the rollout tail.", default=8)
+    stream_training: bool = _doc("hysteresis: train a step's micro-batches as their groups "
+                                 "complete, while the rollout tail finishes (same update; "
+                                 "needs train.exact_reduction).", default=True)
 
 
 MOVES = ("rollout->train", "train->rollout")

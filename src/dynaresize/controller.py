@@ -40,6 +40,13 @@ class StepTiming:
     tokens: int
     num_rollout_devices: int
     num_train_devices: int
+    train_device_s: float = 0.0
+    """Device-seconds the step's training computed (streaming: the accumulate rounds and
+    the optimizer step, without the waits for groups); 0: train_s x num_train_devices."""
+
+    @property
+    def train_work_s(self) -> float:
+        return self.train_device_s or self.train_s * self.num_train_devices
 
 
 @dataclass
@@ -61,11 +68,15 @@ class RunView:
     """Resizes decided but still waiting for an optimizer-step boundary."""
     train_busy: bool = False
     """A training step (or a resize) holds the optimizer-step boundary right now."""
+    train_todo: float = 0.0
+    """Streaming: the fraction of the oldest untrained step's micro-batches that no training
+    device holds yet (its remaining training work); 0 without streaming."""
 
 
 class Controller(Protocol):
     """Decides moves; may define `needs_progress` (bool) to let the orchestrator skip
-    `on_rollout_progress` calls that cannot return anything."""
+    `on_rollout_progress` calls that cannot return anything, and `streams_training` (bool) to
+    ask for training that streams over completed groups (`dynaresize.stream`)."""
 
     def at_step_start(self, view: RunView) -> list[Move]: ...
 
@@ -132,6 +143,10 @@ def load_policy_modules() -> tuple[str, ...]:
 
 
 def make_controller(cfg: Config) -> Controller:
+    """The controller of `cfg.controller.policy`; a non-empty `[[resize.schedule]]` forces its
+    resizes and nothing else (the `static` policy with that schedule), whatever the policy."""
+    if cfg.resize.schedule:
+        return ScheduleController(schedule_order(cfg))
     load_policy_modules()
     try:
         factory = CONTROLLERS[cfg.controller.policy]

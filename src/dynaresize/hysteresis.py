@@ -50,6 +50,9 @@ def _ema(old: float | None, new: float, weight: float) -> float:
 
 
 class HysteresisController:
+    streams_training = True
+    """Asks the orchestrator to train over completed groups during the rollout tail."""
+
     def __init__(self, params: HysteresisParams) -> None:
         self.p = params
         self.bulk_dev_s: float | None = None
@@ -60,14 +63,16 @@ class HysteresisController:
         self._tail_start_by_step: dict[int, float] = {}
         self._rollout_start_by_step: dict[int, float] = {}
         self._released: dict[int, int] = {}
+        self._tail_target: dict[int, int] = {}
+        self._round_trip_s = 0.0
+        """The cost of one resize, as of the last step start (predictions charge it)."""
         self._last_change_step = -10**9
 
     # ------------------------------------------------------------------ estimates
     def _update(self, view: RunView) -> None:
         for timing in view.history[self._seen_steps:]:
             w = self.p.ema
-            self.train_dev_s = _ema(self.train_dev_s, timing.train_s * timing.num_train_devices,
-                                    w)
+            self.train_dev_s = _ema(self.train_dev_s, timing.train_work_s, w)
             start = self._rollout_start_by_step.get(timing.step)
             tail_at = self._tail_start_by_step.get(timing.step)
             if start is not None and tail_at is not None:
@@ -88,13 +93,42 @@ class HysteresisController:
 
     def predict_step_s(self, num_rollout: int, num_devices: int, staleness: int) -> float:
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
-        rollout = (self.tail_s or 0.0) + self.bulk_dev_s / num_rollout
-        train = self.train_dev_s / (num_devices - num_rollout)
-        return max(rollout, train) if staleness else rollout + train
+        tail = self.tail_s or 0.0
+        bulk = self.bulk_dev_s / num_rollout
+        num_train = num_devices - num_rollout
+        work = self.train_dev_s
+        if staleness or not (self.streams_training and self.p.release_tail):
+            train = work / num_train
+            return max(bulk + tail, train) if staleness else bulk + tail + train
+        # Streaming with tail release: the trainers work through the rollout (at staleness 0
+        # on this step's completed groups, about half of the bulk's on average), and the
+        # rollout devices but one join them for the tail.
+        return self._stream_s0(num_rollout, num_devices, self._end_release_pays(
+            num_rollout, num_devices))
+
+    def _end_release_pays(self, num_rollout: int, num_devices: int) -> bool:
+        """The end-of-rollout release must beat keeping the split by more than the band."""
+        return self._stream_s0(num_rollout, num_devices, True) < (1 - self.p.band) * \
+            self._stream_s0(num_rollout, num_devices, False)
+
+    def _stream_s0(self, num_rollout: int, num_devices: int, end_release: bool) -> float:
+        """Staleness 0, streaming: the step with or without lending every engine but one to
+        training once the rollout ends (a round trip of two resizes)."""
+        assert self.bulk_dev_s is not None and self.train_dev_s is not None
+        tail = self.tail_s or 0.0
+        bulk = self.bulk_dev_s / num_rollout
+        num_train = num_devices - num_rollout
+        capacity = num_train * (0.5 * bulk + tail) + (num_rollout - 1) * tail
+        left = max(0.0, self.train_dev_s - capacity)
+        if end_release:
+            return (bulk + tail + left / num_devices
+                    + 2 * self.p.cost_margin * self._round_trip_s)
+        return bulk + tail + left / num_train
 
     # ------------------------------------------------------------------ decisions
     def at_step_start(self, view: RunView) -> list[Move]:
         self._update(view)
+        self._round_trip_s = self._cost_s(view)
         self._tail_start_s = None
         alloc = view.allocation
         n, r = alloc.num_devices, len(alloc.rollout)
@@ -129,25 +163,46 @@ class HysteresisController:
         if self._tail_start_s is None and remaining <= r * light:
             self._tail_start_s = view.now_s
             self._tail_start_by_step[view.step] = view.now_s
-        if (not self.p.release_tail or view.staleness != 0 or view.step in self._released or
+        streaming = self.streams_training
+        if (not self.p.release_tail or view.staleness != 0 or
+                (not streaming and view.step in self._released) or
+                r > self._tail_target.get(view.step, r) or
                 view.num_pending_resizes or self.train_dev_s is None or self.tail_s is None or
                 self._tail_start_s is None):
             return []
         release = r - max(1, math.ceil(remaining / light))
-        if release <= 0:
+        # Streaming: release in waves as engines empty (each wave at least a quarter of the
+        # engines, so the tail does not turn into a resize per completion).
+        if release <= 0 or (streaming and release < max(1, r // 4)):
             return []
         cost_s = self._cost_s(view)
         tail_left_s = self.tail_s - (view.now_s - self._tail_start_s)
         t = len(view.allocation.train)
         train_gain_s = self.train_dev_s / t - self.train_dev_s / (t + release)
-        if tail_left_s < self.p.cost_margin * cost_s or \
-                train_gain_s < self.p.cost_margin * 2 * cost_s:
+        if tail_left_s < self.p.cost_margin * cost_s or (
+                not streaming and train_gain_s < self.p.cost_margin * 2 * cost_s):
             return []
-        self._released[view.step] = release
+        self._released[view.step] = self._released.get(view.step, 0) + release
+        self._tail_target[view.step] = r - release  # the next wave waits for this one
         return [Move("rollout->train", release)]
 
     def at_rollout_end(self, view: RunView) -> list[Move]:
-        return []
+        """Staleness 0, streaming: the next rollout waits for this step's update anyway, so
+        every engine but one helps finish the training still to do (if it pays)."""
+        r = len(view.allocation.rollout)
+        if (not self.streams_training or not self.p.release_tail or view.staleness != 0 or
+                r <= 1 or view.num_pending_resizes or self.train_dev_s is None):
+            return []
+        n, t = view.allocation.num_devices, len(view.allocation.train)
+        base = r + self._released.get(view.step, 0)
+        if self.bulk_dev_s is None or not self._end_release_pays(base, n):
+            return []
+        todo_dev_s = view.train_todo * self.train_dev_s
+        gain_s = todo_dev_s / t - todo_dev_s / (t + r - 1)
+        if gain_s < self.p.cost_margin * 2 * self._cost_s(view):
+            return []
+        self._released[view.step] = self._released.get(view.step, 0) + r - 1
+        return [Move("rollout->train", r - 1)]
 
 
 def make_hysteresis(cfg: Config) -> HysteresisController:

@@ -43,6 +43,8 @@ from dynaresize.resize.planner import Op, plan_resize, target_allocation
 from dynaresize.rollout.scheduler import RolloutRun
 from dynaresize.rundir import RunDir
 from dynaresize.samples import StepSamples, assemble_step
+from dynaresize.stream import Holdings, StepStream
+from dynaresize.stream_train import accumulate, finish
 from dynaresize.timeline import bubble_fraction
 from dynaresize.train.batching import global_num_tokens, plan_step
 from dynaresize.types import Completion, RequestSpec, request_seed
@@ -139,6 +141,17 @@ class Orchestrator:
         self.injector: Any = None
         """faults.FaultInjector: `[[faults.kill]]` (kills for real)."""
         self._optimizer_step = self.start_step
+        self.streaming = bool(getattr(self.controller, "streams_training", False)
+                              and cfg.controller.stream_training
+                              and getattr(cfg.train, "exact_reduction", True))
+        """Training streams over completed groups (`dynaresize.stream`)."""
+        self._streams: dict[int, asyncio.Future[StepStream]] = {}
+        self._stream_changed = asyncio.Event()
+        self._holdings: tuple[Holdings, StepStream] | None = None
+        self.resizes_waiting = 0
+        """Resizes queued for the train lock: streaming training yields to them."""
+        self._rollout_width: dict[int, int] = {}
+        """Rollout devices each step's rollout started with (what its bulk ran on)."""
 
     # ------------------------------------------------------------------ setup
     def _rollout_devices(self) -> list[Device]:
@@ -149,6 +162,24 @@ class Orchestrator:
 
     def _train_devices(self) -> list[Device]:
         return [self.devices[i] for i in self.allocation.train]
+
+    train_devices = _train_devices
+
+    @property
+    def train_lock(self) -> asyncio.Lock:
+        """Held by a training round or step and by a resize: the optimizer-step boundary."""
+        return self._train_lock
+
+    def _train_todo(self) -> float:
+        if self._holdings is None or not self._holdings[1].num_micro_batches:
+            return 0.0
+        holdings, stream = self._holdings
+        return 1.0 - len(holdings.held_by) / stream.num_micro_batches
+
+    def _stream_future(self, step: int) -> asyncio.Future[StepStream]:
+        if step not in self._streams:
+            self._streams[step] = asyncio.get_running_loop().create_future()
+        return self._streams[step]
 
     def _future(self, step: int) -> asyncio.Future[StepSamples]:
         if step not in self._samples:
@@ -185,14 +216,15 @@ class Orchestrator:
         for step in range(self.start_step, cfg.run.steps):
             self._step = step
             fired: list[asyncio.Future[Any]] = []
+            version = max(0, step - cfg.run.staleness)
+            handle = await self.versions.wait(version)  # the controller sees that step's timing
             for move in self.controller.at_step_start(self.view()):
                 if move.blocking:  # applied before the step's rollout starts
                     await self.resize(move.move, move.num_devices, step)
                 else:  # applied when the boundary comes; devices join the running step
                     fired.append(self._resize_soon(move.move, move.num_devices, step))
-            version = max(0, step - cfg.run.staleness)
             self._rollout_version = version
-            await self._load_version(version, await self.versions.wait(version))
+            await self._load_version(version, handle)
             prompts = list(self.source.batch(step, cfg.task.prompts_per_step, cfg.run.seed))
             by_id = {p.id: p for p in prompts}
             specs = [RequestSpec(step=step, prompt=p.id, sample=j, version=version,
@@ -202,12 +234,20 @@ class Orchestrator:
                                  temperature=cfg.rollout.temperature)
                      for p in prompts for j in range(cfg.task.samples_per_prompt)]
             rewards: dict[tuple[int, int], float] = {}
+            stream = None
+            if self.streaming:
+                stream = StepStream(step, version, list(by_id), cfg.task.samples_per_prompt,
+                                    cfg.train.micro_batch_size)
+                self._stream_future(step).set_result(stream)
 
             def on_done(done: list[Completion], step: int = step, by_id: dict = by_id,
-                        rewards: dict = rewards, fired: list = fired) -> None:
+                        rewards: dict = rewards, fired: list = fired,
+                        stream: StepStream | None = stream) -> None:
                 for c in done:
-                    rewards[(c.spec.prompt, c.spec.sample)] = self.source.reward(
-                        by_id[c.spec.prompt], list(c.tokens))
+                    key = (c.spec.prompt, c.spec.sample)
+                    rewards[key] = self.source.reward(by_id[c.spec.prompt], list(c.tokens))
+                    if stream is not None and stream.add(c, rewards[key]):
+                        self._stream_changed.set()
                 if self.injector is not None and self._run is not None:
                     self.injector.at_rollout(step, self._run.num_finished / self._run.total)
                 if not getattr(self.controller, "needs_progress", True):
@@ -222,6 +262,7 @@ class Orchestrator:
                              drain=self._may_drain)
             self._run = run
             run.add_devices(self._rollout_devices())
+            self._rollout_width[step] = len(self._rollout_devices())
             await run.wait()
             self._run = None
             rollout_s = self.clock.now() - self._rollout_started_s
@@ -238,9 +279,10 @@ class Orchestrator:
 
     def _may_drain(self) -> bool:
         """Whether rollout devices may run until empty without reporting each completion:
-        nobody watches progress (controller, fault injector) and no resize is pending."""
+        nobody watches progress (controller, fault injector, streaming training) and no resize
+        is pending."""
         return (not getattr(self.controller, "needs_progress", True) and self.injector is None
-                and self._num_pending_resizes == 0)
+                and self._num_pending_resizes == 0 and not self.streaming)
 
     def _resize_soon(self, move: str, num_devices: int, step: int) -> asyncio.Future[Any]:
         """Start a resize in the background (it waits for the next optimizer-step boundary)."""
@@ -264,7 +306,8 @@ class Orchestrator:
                        rollout_started_s=self._rollout_started_s,
                        history=self.history, resize_critical_s=self._resize_critical_s,
                        num_pending_resizes=self._num_pending_resizes,
-                       train_busy=self._train_lock.locked())
+                       train_busy=self._train_lock.locked(),
+                       train_todo=self._train_todo())
 
     async def _load_version(self, version: int, handle: WeightHandle) -> None:
         stale = [d for d in self._rollout_devices() if self.engine_version[d.index] != version]
@@ -282,20 +325,42 @@ class Orchestrator:
         cfg = self.cfg
         prev_end_s = self.t_start_s
         for step in range(self.start_step, cfg.run.steps):
+            stream, holdings = None, Holdings()
+            accumulated_s = 0.0
+            if self.streaming:
+                stream = await self._stream_future(step)
+                self._holdings = (holdings, stream)
+                try:
+                    accumulated_s = await accumulate(self, step, stream, holdings,
+                                                     self._stream_changed)
+                except Exception:
+                    if self.recovery is None or not self.recovery.find_dead(
+                            f"died in train step {step}"):
+                        raise
+                    stream = None  # the plain path below reruns the step after the repair
             got = await self._future(step)
             async with self._train_lock:
-                t0 = self.clock.now()
+                t0 = self.clock.now()  # streaming: train_s is what the rollout end waits for
                 while True:  # a device death mid-step: recover, then rerun the step
                     try:
                         if self.recovery is not None:
                             await self.recovery.repair()
                         trainers = self._train_devices()
-                        stats, t1, handles = await self._train_once(trainers, step, got, True)
+                        if stream is not None:
+                            stats, t1, handles, finish_s = await finish(
+                                self, trainers, step, stream, holdings,
+                                global_num_tokens(got.samples))
+                            train_device_s = accumulated_s + finish_s
+                        else:
+                            stats, t1, handles = await self._train_once(trainers, step, got,
+                                                                        True)
+                            train_device_s = (self.clock.now() - t0) * len(trainers)
                         break
                     except Exception:
                         if self.recovery is None or not self.recovery.find_dead(
                                 f"died in train step {step}"):
                             raise
+                        stream = None  # rerun the whole step the plain way
                 t2 = self.clock.now()
                 self._optimizer_step += 1
                 if self.recovery is not None:
@@ -306,10 +371,12 @@ class Orchestrator:
                     if self.recovery is not None:
                         self.recovery.checkpointed(step + 1, train_path)
             for d in trainers:
-                self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
+                if stream is None:  # streaming wrote one event per round
+                    self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
                 self.rundir.event(t1, t2, d.index, "weight_sync", critical=True, step=step)
             await self.versions.publish(step + 1, handles[0])
             del self._samples[step]
+            self._streams.pop(step, None)
             record = {
                 "step": step, "reward_mean": round(got.reward_mean, 6),
                 "rollout_s": round(got.rollout_s, 4), "train_s": round(t2 - t0, 4),
@@ -322,8 +389,10 @@ class Orchestrator:
             }
             prev_end_s = t2
             self._train_end_s.append(t2)
-            self.history.append(StepTiming(step, got.rollout_s, t2 - t0, got.num_tokens,
-                                           len(self.allocation.rollout), len(trainers)))
+            self.history.append(StepTiming(
+                step, got.rollout_s, t2 - t0, got.num_tokens,
+                self._rollout_width.pop(step, len(self.allocation.rollout)), len(trainers),
+                train_device_s))
             self.rundir.metric(record)
             self.on_step(record)
 
@@ -349,7 +418,13 @@ class Orchestrator:
         optimizer-step boundary; on failure the old allocation stays and the run goes on.
         Returns None (and counts it as skipped) if the move would now empty a pool, e.g.
         because an earlier forced resize was rolled back."""
-        async with self._train_lock:
+        self.resizes_waiting += 1
+        self._stream_changed.set()  # streaming training yields the boundary
+        try:
+            await self._train_lock.acquire()
+        finally:
+            self.resizes_waiting -= 1
+        try:
             try:
                 target = target_allocation(self.allocation, move, num_devices)
             except ValueError as exc:
@@ -377,6 +452,8 @@ class Orchestrator:
                 self._resizes_in_step[step] = self._resizes_in_step.get(step, 0) + 1
             self.resizes.append(report)
             return report
+        finally:
+            self._train_lock.release()
 
     async def stop_admission(self, device: Device) -> None:
         self._leaving.add(device.index)

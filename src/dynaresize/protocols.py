@@ -76,6 +76,20 @@ class Device(Protocol):
         """One optimizer step over this rank's micro-batches (None: a padding micro-batch)."""
         ...
 
+    async def train_accumulate(self, step: int,
+                               micro_batches: list[tuple[int, list[TrainSample]]]) -> None:
+        """Local: compute and hold the gradients of these (index, micro-batch) pairs of
+        `step` (streaming, `dynaresize.stream`); held gradients survive training-group
+        changes and are dropped when the device leaves training."""
+        ...
+
+    async def train_finish(self, step: int, num_micro_batches: int,
+                           global_num_tokens: int) -> dict[str, float]:
+        """Collective over the training group: combine the held gradients of micro-batches
+        0..num_micro_batches-1 (each held by exactly one rank) in index order, one optimizer
+        step."""
+        ...
+
     async def publish_weights(self, version: int) -> WeightHandle | None:
         """Collective over the training group; the group's first rank returns the handle."""
         ...

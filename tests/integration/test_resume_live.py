@@ -16,7 +16,7 @@ from dynaresize.rundir import read_jsonl
 
 pytestmark = pytest.mark.ray
 
-BASE = ["run.steps=4", "run.staleness=1", "task.prompts_per_step=4",
+BASE = ["run.steps=4", "run.staleness=1", "task.prompts_per_step=4", "controller.policy='static'",
         "task.samples_per_prompt=4", "task.max_new_tokens=12", "train.micro_batch_size=2",
         "output.progress='plain'", "rollout.slice_s=0.05"]
 

@@ -1,5 +1,6 @@
-"""FSDPTrainer across layouts: R = 1, 2 (a subgroup of a 3-rank world) and 3 ranks give the same
-parameters after the same steps (DESIGN §2.4); full state moves from a 2-rank to a 3-rank
+"""FSDPTrainer's FSDP path (`exact_reduction=False`) across layouts: R = 1, 2 (a subgroup of
+a 3-rank world) and 3 ranks give the same parameters after the same steps within float
+reduction order (DESIGN §2.4); full state moves from a 2-rank to a 3-rank
 group exactly; the trainer's first gradient equals a plain single-process computation.
 
 Two spawned jobs (gloo on 127.0.0.1, one torch thread per process), run concurrently:
@@ -26,7 +27,8 @@ from dynaresize.config import TrainConfig
 from dynaresize.types import TrainSample
 
 NUM_PROMPTS, GROUP_SIZE, NUM_STEPS = 4, 4, 4
-CONFIG = TrainConfig(lr=3e-3, micro_batch_size=2, clip_eps=0.2, kl_coef=0.05, max_grad_norm=1.0)
+CONFIG = TrainConfig(lr=3e-3, micro_batch_size=2, clip_eps=0.2, kl_coef=0.05, max_grad_norm=1.0,
+                     exact_reduction=False)  # the FSDP path; exact: test_trainer_dist_exact
 TOL = 1e-4
 JOB_TIMEOUT_S = 150.0
 

@@ -57,13 +57,19 @@ def test_tail_release_at_staleness_0_and_return_next_step() -> None:
                 resize_critical_s=[1.0])
     moves = ctl.on_rollout_progress(tail)
     assert [(m.move, m.num_devices) for m in moves] == [("rollout->train", 4)]
-    assert ctl.on_rollout_progress(tail) == []            # once per step
+    assert ctl.on_rollout_progress(tail) == []            # the next wave waits for this one
     after = Allocation.initial(2, 6)
     back = ctl.at_step_start(view(2, after, hist, staleness=0, resize_critical_s=[1.0]))
-    # back to the split that minimises 50 + 300/R + 200/(8-R) (s=0: the stages add): R = 4
-    best = min(range(1, 8), key=lambda r: ctl.predict_step_s(r, 8, 0))
-    assert best == 4
+    # back to the split that minimises the predicted step time (streaming: the trainers work
+    # through the rollout and the released devices through its tail)
+    best = min(range(1, 8), key=lambda r: (ctl.predict_step_s(r, 8, 0), abs(r - 6)))
     assert [(m.move, m.num_devices) for m in back] == [("train->rollout", best - 2)]
+    serial = HysteresisController(HysteresisParams())
+    serial.streams_training = False
+    serial.tail_s, serial.train_dev_s, serial.bulk_dev_s = 50.0, 200.0, 300.0
+    # without streaming the stages add up: 50 + 300/R + 200/(8-R), least at R = 4
+    assert min(range(1, 8), key=lambda r: serial.predict_step_s(r, 8, 0)) == 4
+    assert ctl.predict_step_s(best, 8, 0) < serial.predict_step_s(4, 8, 0)
 
 
 def test_no_tail_release_at_staleness_1() -> None:

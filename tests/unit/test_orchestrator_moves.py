@@ -64,7 +64,52 @@ def test_device_stopped_between_steps_gets_no_rollout_work() -> None:
     workload = get_workload("drift", seed=0, requests_per_step=2048)
     costs = get_cost_model("h100-7b")
     cfg = sim_config(workload, 26, 6, 12, 1, 0, costs)
-    run = run_config(cfg, workload, costs, controller=HysteresisController(HysteresisParams()))
+    controller = HysteresisController(HysteresisParams())
+    controller.streams_training = False  # the split moves this regression needs
+    run = run_config(cfg, workload, costs, controller=controller)
     assert run.summary["num_resizes"] >= 2
     assert [m["policy_version"] for m in run.rundir.metrics] == [max(0, k - 1)
                                                                 for k in range(12)]
+
+
+class StreamingAlternate(Alternate):
+    streams_training = True
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_streaming_training_accumulates_every_micro_batch_once(
+        staleness: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With training streamed over completed groups and devices moving mid-rollout both
+    ways, every step's optimizer step combines each micro-batch exactly once, held by a
+    device of the final training group (what a departed device held was recomputed)."""
+    from dynaresize.sim.device import SimDevice
+
+    held: dict[int, dict[int, int]] = {}
+    finished: dict[int, list[tuple[int, ...]]] = {}
+    orig_acc, orig_fin = SimDevice.train_accumulate, SimDevice.train_finish
+
+    async def acc(self, step, micro_batches):  # type: ignore[no-untyped-def]
+        for m, mb in micro_batches:
+            assert mb and all(s.step == step for s in mb)
+            held.setdefault(step, {})[m] = self.index
+        await orig_acc(self, step, micro_batches)
+
+    async def fin(self, step, num_micro_batches, global_num_tokens):  # type: ignore[no-untyped-def]
+        finished.setdefault(step, []).append((self.index, num_micro_batches))
+        return await orig_fin(self, step, num_micro_batches, global_num_tokens)
+
+    monkeypatch.setattr(SimDevice, "train_accumulate", acc)
+    monkeypatch.setattr(SimDevice, "train_finish", fin)
+    workload = get_workload("dapo-7b", seed=5, requests_per_step=64)
+    costs = get_cost_model("h100-7b")
+    cfg = sim_config(workload, 3, 3, 6, staleness, 0, costs)
+    run = run_config(cfg, workload, costs, controller=StreamingAlternate(True))
+    assert run.orchestrator is not None and run.orchestrator.streaming
+    assert run.summary["steps"] == 6 and run.summary["num_resizes"] == 5
+    num_mbs = 64 // cfg.train.micro_batch_size
+    for step in range(6):
+        finishers = {d for d, _ in finished[step]}
+        assert {n for _, n in finished[step]} == {num_mbs}
+        assert sorted(held[step]) == list(range(num_mbs))
+        # the last holder of every micro-batch took part in that step's optimizer step
+        assert set(held[step].values()) <= finishers

@@ -184,7 +184,10 @@ class DeviceActor:
 
     def commit_train_group(self, new_members: tuple[int, ...]) -> None:
         if self.index in new_members:
+            held = self.trainer.take_holdings() if self.trainer is not None else None
             self.trainer, self._next_trainer = self._next_trainer, None
+            if held is not None:  # gradients held for the step in progress stay valid
+                self.trainer.put_holdings(held)
         else:
             self._old_trainer, self.trainer = self.trainer, None
 
@@ -233,6 +236,17 @@ class DeviceActor:
                    ) -> dict[str, float]:
         t0 = time.perf_counter()
         stats = self.trainer.train_step(micro_batches, global_num_tokens)
+        stats["actor_s"] = time.perf_counter() - t0
+        return stats
+
+    def train_accumulate(self, step: int, micro_batches: list[Any]) -> None:
+        """Local: hold the gradients of these (index, micro-batch) pairs (streaming)."""
+        self.trainer.accumulate(step, micro_batches)
+
+    def train_finish(self, step: int, num_micro_batches: int, global_num_tokens: int
+                     ) -> dict[str, float]:
+        t0 = time.perf_counter()
+        stats = self.trainer.finish(step, num_micro_batches, global_num_tokens)
         stats["actor_s"] = time.perf_counter() - t0
         return stats
 

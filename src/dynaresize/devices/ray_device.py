@@ -78,6 +78,14 @@ class RayDevice:
                          global_num_tokens: int) -> dict[str, float]:
         return await self.actor.train_step.remote(step, micro_batches, global_num_tokens)
 
+    async def train_accumulate(self, step: int,
+                               micro_batches: list[tuple[int, list[TrainSample]]]) -> None:
+        await self.actor.train_accumulate.remote(step, micro_batches)
+
+    async def train_finish(self, step: int, num_micro_batches: int,
+                           global_num_tokens: int) -> dict[str, float]:
+        return await self.actor.train_finish.remote(step, num_micro_batches, global_num_tokens)
+
     async def publish_weights(self, version: int) -> Any:
         done_ref, state_ref = self.actor.publish_weights.options(num_returns=2).remote(version)
         await done_ref

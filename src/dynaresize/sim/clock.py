@@ -25,6 +25,7 @@ aware and must not be used under a virtual clock.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import selectors
@@ -105,23 +106,37 @@ class VirtualClock:
             return runner.run(coro)
 
 
+POLL_EVERY = 64
+"""With only the loop's self-pipe registered, real fds are polled on every POLL_EVERY-th
+select (a callback from `call_soon_threadsafe` is already queued; the pipe only wakes a
+blocked loop, and this one never blocks) and before declaring a deadlock."""
+
+
 class _VirtualSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
     """A real selector polled without blocking; a wait becomes a jump of virtual time."""
 
     def __init__(self, clock: VirtualClock) -> None:
         super().__init__()
         self._clock = clock
+        self._calls = 0
 
     def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
         # Real fds (the loop's self-pipe for call_soon_threadsafe) are still honoured.
-        events = super().select(0)
-        if events or timeout == 0:
-            return events
+        self._calls += 1
+        if len(self._fd_to_key) > 1 or not self._calls % POLL_EVERY:
+            events = super().select(0)
+            if events:
+                return events
+        if timeout == 0:
+            return []
         wake_s = self._clock.next_wakeup_s()
         if wake_s is not None and (timeout is None or wake_s <= self._clock.now() + timeout):
             self._clock.wake_until(wake_s)
             return []
         if timeout is None:
+            events = super().select(0)
+            if events:
+                return events
             raise VirtualTimeDeadlock(
                 f"virtual time {self._clock.now():.6f} s: no task is runnable and no timer is "
                 "pending (every task waits on an event nobody will set)")
@@ -129,8 +144,28 @@ class _VirtualSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-t
         return []
 
 
+class _Handle(asyncio.Handle):
+    """`asyncio.Handle` without the per-handle debug check (debug loops use the base)."""
+
+    __slots__ = ()
+
+    def __init__(self, callback: Any, args: tuple[Any, ...], loop: asyncio.AbstractEventLoop,
+                 context: contextvars.Context | None = None) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
 class VirtualEventLoop(asyncio.SelectorEventLoop):
-    """A selector event loop whose `time()` is a `VirtualClock` and which never blocks."""
+    """A selector event loop whose `time()` is a `VirtualClock` and which never blocks.
+
+    `call_soon` and `_run_once` have lean paths (no debug checks; no timer bookkeeping while
+    no asyncio timer is pending): the simulator runs one loop iteration per modelled event.
+    A debug loop, or one with `call_later` timers pending, takes asyncio's own paths."""
 
     def __init__(self, clock: VirtualClock) -> None:
         self._virtual_clock = clock
@@ -142,7 +177,41 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
         return self._virtual_clock
 
     def time(self) -> float:
-        return self._virtual_clock.now()
+        return self._virtual_clock._now_s
+
+    def call_soon(self, callback: Any, *args: Any,
+                  context: contextvars.Context | None = None) -> asyncio.Handle:
+        if self._debug or self.is_closed():
+            return super().call_soon(callback, *args, context=context)
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)  # type: ignore[attr-defined]
+        return handle
+
+    def _run_once(self) -> None:
+        if self._scheduled or self._debug:  # type: ignore[attr-defined]
+            super()._run_once()  # type: ignore[misc]
+            return
+        ready = self._ready  # type: ignore[attr-defined]
+        selector = self._selector  # type: ignore[attr-defined]
+        if not (ready or self._stopping) and len(selector._fd_to_key) <= 1:  # type: ignore
+            # the common case, inlined: nothing runnable, so jump to the next wake-up
+            clock = self._virtual_clock
+            heap = clock._wakeups
+            while heap and heap[0][2].done():
+                heapq.heappop(heap)
+            if heap:
+                clock.wake_until(heap[0][0])
+                events = None
+            else:
+                events = selector.select(None)  # polls real fds, else VirtualTimeDeadlock
+        else:
+            events = selector.select(0 if ready or self._stopping else None)
+        if events:
+            self._process_events(events)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
 
 
 def run_virtual(coro: Coroutine[Any, Any, T], start_s: float = 0.0) -> tuple[T, float]:

@@ -75,8 +75,9 @@ async def _run(cfg: Config, devices: list[SimDevice], clock: VirtualClock,
                 rewards[(c.spec.prompt, c.spec.sample)] = source.reward(None, c.tokens)
 
         t_roll = clock.now()
+        # nobody watches progress: once the queue is empty each engine runs until it is empty
         run = RolloutRun(clock, specs, cfg.rollout.max_running_requests, cfg.rollout.slice_s,
-                         on_done)
+                         on_done, drain=lambda: True)
         run.add_devices(devices)
         await run.wait()
         rollout_s = clock.now() - t_roll

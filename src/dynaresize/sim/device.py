@@ -61,20 +61,41 @@ class _Req:
         self.live = False
 
 
+class Lengths:
+    """A workload's lengths per step as Python lists (a list lookup costs a tenth of indexing
+    a numpy array), for the last few steps; one table is shared by a run's devices."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self._steps: dict[int, tuple[list[list[int]], list[int]]] = {}
+
+    def __call__(self, step: int) -> tuple[list[list[int]], list[int]]:
+        """(response tokens [prompt][sample], prompt tokens [prompt]) of `step`."""
+        got = self._steps.get(step)
+        if got is None:
+            if len(self._steps) >= 4:
+                self._steps.clear()
+            req = self.workload.step_requests(step)
+            got = self._steps[step] = (req.response_tokens.tolist(), req.prompt_tokens.tolist())
+        return got
+
+
 class SimDevice:
     """One simulated GPU. Consumes requests / train samples; produces modelled time."""
 
     def __init__(self, index: int, costs: CostModel, workload: Workload, clock: Clock,
-                 role: Role = Role.IDLE) -> None:
+                 role: Role = Role.IDLE, lengths: Lengths | None = None) -> None:
         self.index = index
         self.role = role
         self.costs = costs
         self.workload = workload
+        self._lengths = lengths if lengths is not None else Lengths(workload)
         self.clock = clock
         self.version = 0
         self.kv_capacity_tokens = costs.kv_capacity_tokens()
         self._waiting: deque[_Req] = deque()
-        self._running: dict[tuple[int, int, int], _Req] = {}
+        self._running: dict[_Req, None] = {}
+        """Running requests in admission order (a dict: O(1) removal, youngest last)."""
         self._finish_heap: list[tuple[int, int, _Req]] = []
         self._seq = itertools.count()
         self._iter = 0
@@ -102,14 +123,20 @@ class SimDevice:
         self.role = Role.ROLLOUT
 
     async def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
+        waiting = self._waiting
+        step, responses, prompts = -1, [], []
         for work in requests:
-            spec = work.spec if isinstance(work, InflightRequest) else work
-            done = work.num_generated if isinstance(work, SimInflight) else (
-                len(work.generated) if isinstance(work, InflightRequest) else 0)
-            step, prompt, sample = spec.key
-            target = min(self.workload.response_tokens(step, prompt, sample), spec.max_new_tokens)
-            prompt_len = self.workload.prompt_tokens(step, prompt)
-            self._waiting.append(_Req(spec, prompt_len, max(1, target), done))
+            if isinstance(work, InflightRequest):
+                spec = work.spec
+                done = work.num_generated if isinstance(work, SimInflight) else len(
+                    work.generated)
+            else:
+                spec, done = work, 0
+            if spec.step != step:
+                step = spec.step
+                responses, prompts = self._lengths(step)
+            target = min(responses[spec.prompt][spec.sample], spec.max_new_tokens)
+            waiting.append(_Req(spec, prompts[spec.prompt], max(1, target), done))
 
     def _ctx(self, req: _Req) -> int:
         return req.prompt_tokens + req.generated + (self._iter - req.start_iter)
@@ -117,77 +144,84 @@ class SimDevice:
     def _admit(self) -> float:
         """Admit queued requests that fit; return the prefill seconds charged."""
         prefill_tokens = 0
-        while self._waiting and len(self._running) < self.costs.max_running_requests:
-            req = self._waiting[0]
+        waiting, running, heap, seq = self._waiting, self._running, self._finish_heap, self._seq
+        limit, capacity, it = self.costs.max_running_requests, self.kv_capacity_tokens, self._iter
+        kv_tokens = self._kv_tokens
+        while waiting and len(running) < limit:
+            req = waiting[0]
             ctx = req.prompt_tokens + req.generated
             # room for the prefill and one decode iteration of every running request (else the
             # next iteration preempts it straight away, and run_rollout would spin)
-            room = self.kv_capacity_tokens - self._kv_tokens - len(self._running) - 1
-            if ctx + 1 > room and self._running:
+            if ctx + 1 > capacity - kv_tokens - len(running) - 1 and running:
                 break
-            self._waiting.popleft()
-            req.start_iter, req.live = self._iter, True
-            self._running[req.spec.key] = req
-            self._kv_tokens += ctx
+            waiting.popleft()
+            req.start_iter, req.live = it, True
+            running[req] = None
+            kv_tokens += ctx
             prefill_tokens += ctx
-            finish = self._iter + req.target_tokens - req.generated
-            heapq.heappush(self._finish_heap, (finish, next(self._seq), req))
+            heapq.heappush(heap, (it + req.target_tokens - req.generated, next(seq), req))
+        self._kv_tokens = kv_tokens
         return self.costs.prefill_s(prefill_tokens) if prefill_tokens else 0.0
 
     def _preempt_youngest(self) -> None:
-        key = next(reversed(self._running))
-        req = self._running.pop(key)
+        req = next(reversed(self._running))
+        del self._running[req]
         self._kv_tokens -= self._ctx(req)
         req.generated += self._iter - req.start_iter
         req.live = False
         self._waiting.appendleft(req)
 
     async def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Completion]:
+        # the simulator's hot loop: attributes in locals, `_complete` inlined
         elapsed_s = 0.0
         done: list[Completion] = []
+        heap, running, waiting = self._finish_heap, self._running, self._waiting
+        span = self.costs._span_scalar_s
+        capacity = self.kv_capacity_tokens
+        heappop = heapq.heappop
+        index, version = self.index, self.version
         while until_empty or not done:
-            elapsed_s += self._admit()
-            if not self._running or elapsed_s >= max_s:
+            if waiting:
+                elapsed_s += self._admit()
+            if not running or elapsed_s >= max_s:
                 break
-            while not self._finish_heap[0][2].live:
-                heapq.heappop(self._finish_heap)
-            batch = len(self._running)
-            to_next = self._finish_heap[0][0] - self._iter
-            kv_room = (self.kv_capacity_tokens - self._kv_tokens) // batch
+            while not heap[0][2].live:
+                heappop(heap)
+            batch = len(running)
+            kv_tokens = self._kv_tokens
+            kv_room = (capacity - kv_tokens) // batch
             if kv_room <= 0:
                 self._preempt_youngest()
                 continue
-            n = min(to_next, kv_room)
-            span_s = self.costs._span_scalar_s(n, batch, self._kv_tokens)
+            n = min(heap[0][0] - self._iter, kv_room)
+            span_s = span(n, batch, kv_tokens)
             if elapsed_s + span_s > max_s:
-                n = max(1, self.costs.decode_iters_within(max_s - elapsed_s, batch,
-                                                          self._kv_tokens))
-                span_s = self.costs._span_scalar_s(n, batch, self._kv_tokens)
+                n = max(1, self.costs.decode_iters_within(max_s - elapsed_s, batch, kv_tokens))
+                span_s = span(n, batch, kv_tokens)
             elapsed_s += span_s
-            self._iter += n
-            self._kv_tokens += n * batch
-            while self._finish_heap and self._finish_heap[0][0] <= self._iter:
-                _, _, req = heapq.heappop(self._finish_heap)
-                if req.live:
-                    done.append(self._complete(req))
+            it = self._iter = self._iter + n
+            kv_tokens += n * batch
+            while heap and heap[0][0] <= it:
+                req = heappop(heap)[2]
+                if req.live:  # complete it
+                    spec = req.spec
+                    del running[req]
+                    req.live = False
+                    kv_tokens -= req.prompt_tokens + req.generated + (it - req.start_iter)
+                    length = req.target_tokens
+                    done.append(SimCompletion(
+                        spec, [length], [], "length" if length >= spec.max_new_tokens else "eos",
+                        index, version, response_tokens=length))
+            self._kv_tokens = kv_tokens
             if elapsed_s >= max_s:
                 break
         self.busy_s += elapsed_s
         await self.clock.sleep(elapsed_s)
         return done
 
-    def _complete(self, req: _Req) -> Completion:
-        del self._running[req.spec.key]
-        req.live = False
-        self._kv_tokens -= self._ctx(req)
-        length = req.target_tokens
-        reason = "length" if length >= req.spec.max_new_tokens else "eos"
-        return SimCompletion(req.spec, [length], [], reason, self.index, self.version,
-                             response_tokens=length)
-
     async def export_inflight(self) -> list[InflightRequest]:
         out: list[InflightRequest] = []
-        for req in list(self._running.values()):
+        for req in list(self._running):
             req.generated += self._iter - req.start_iter
             out.append(SimInflight(req.spec, num_generated=req.generated))
         out += [SimInflight(r.spec, num_generated=r.generated) for r in self._waiting]
@@ -268,8 +302,8 @@ class SimDevice:
         await self._spend(cost_s)
 
     def _sample_tokens(self, s: TrainSample) -> int:
-        return (self.workload.prompt_tokens(s.step, s.prompt)
-                + self.workload.response_tokens(s.step, s.prompt, s.sample))
+        responses, prompts = self._lengths(s.step)
+        return prompts[s.prompt] + responses[s.prompt][s.sample]
 
     async def train_step(self, step: int, micro_batches: list[list[TrainSample] | None],
                          global_num_tokens: int) -> dict[str, float]:
@@ -278,6 +312,18 @@ class SimDevice:
         await self._spend(self.costs.train_step_overhead_s + num_tokens
                           * self.costs.train_token_s() / self.costs.dp_efficiency(num_ranks))
         return {"loss": 0.0, "num_tokens": float(num_tokens)}
+
+    async def train_accumulate(self, step: int,
+                               micro_batches: list[tuple[int, list[TrainSample]]]) -> None:
+        num_tokens = sum(self._sample_tokens(s) for _, mb in micro_batches for s in mb)
+        num_ranks = max(1, len(self._members))
+        await self._spend(num_tokens * self.costs.train_token_s()
+                          / self.costs.dp_efficiency(num_ranks))
+
+    async def train_finish(self, step: int, num_micro_batches: int,
+                           global_num_tokens: int) -> dict[str, float]:
+        await self._spend(self.costs.train_step_overhead_s)
+        return {"loss": 0.0}
 
     async def publish_weights(self, version: int) -> WeightHandle | None:
         await self._spend(self.costs.weight_sync_latency_s)
@@ -292,5 +338,6 @@ class SimDevice:
 def make_devices(num_devices: int, num_rollout: int, costs: CostModel, workload: Workload,
                  clock: Clock) -> list[Any]:
     """Devices 0..R-1 start as rollout, the rest as training (DESIGN §5)."""
-    return [SimDevice(i, costs, workload, clock, Role.ROLLOUT if i < num_rollout else Role.TRAIN)
-            for i in range(num_devices)]
+    lengths = Lengths(workload)
+    return [SimDevice(i, costs, workload, clock, Role.ROLLOUT if i < num_rollout else Role.TRAIN,
+                      lengths) for i in range(num_devices)]

@@ -78,6 +78,7 @@ def sim_config(workload: Workload, num_rollout: int, num_train: int, steps: int,
     cfg.train.micro_batch_size = workload.samples_per_prompt
     cfg.allocation.num_rollout_devices, cfg.allocation.num_train_devices = num_rollout, num_train
     cfg.devices.backend = "sim"
+    cfg.controller.policy = "static"  # the split as given; run_policy sets another
     validate(cfg, check_machine=False)
     return cfg
 

@@ -74,18 +74,38 @@ def analytic_step_s(costs: CostModel, workload: Workload, steps: list[int], gpus
     search): rollout = max(slowest request alone, the slowest request at half the per-engine
     batch, rollout device-seconds / R), training =
     `train_step_s` on N - R ranks plus a weight sync; their max (staleness 1) or sum (0)."""
-    total_s = 0.0
-    for k in steps:
-        req = workload.step_requests(k)
-        batch = min(costs.max_running_requests, -(-req.num_requests // num_rollout))
-        longest = int(req.response_tokens.max())
-        tail_at_batch_s = costs.decode_span_s(longest, max(1, batch // 2), 0)
-        roll_s = max(tail_s(costs, req), tail_at_batch_s,
-                     rollout_device_s(costs, req) / num_rollout)
-        train_s = costs.train_step_s(trained_tokens(req), gpus - num_rollout) \
-            + costs.weight_sync_s()
-        total_s += max(roll_s, train_s) if staleness else roll_s + train_s
-    return total_s / len(steps)
+    return _Analytic(costs, workload, steps)(gpus, num_rollout, staleness)
+
+
+class _Analytic:
+    """`analytic_step_s` with the split-independent terms of each step computed once."""
+
+    def __init__(self, costs: CostModel, workload: Workload, steps: list[int]) -> None:
+        self.costs = costs
+        self.terms = []
+        for k in steps:
+            req = workload.step_requests(k)
+            self.terms.append((req.num_requests, int(req.response_tokens.max()),
+                               tail_s(costs, req), rollout_device_s(costs, req),
+                               trained_tokens(req)))
+        self._tail_at_batch: dict[tuple[int, int], float] = {}
+
+    def _tail_at(self, longest: int, batch: int) -> float:
+        key = (longest, batch)
+        if key not in self._tail_at_batch:
+            self._tail_at_batch[key] = self.costs.decode_span_s(longest, batch, 0)
+        return self._tail_at_batch[key]
+
+    def __call__(self, gpus: int, num_rollout: int, staleness: int) -> float:
+        costs = self.costs
+        total_s = 0.0
+        for num_requests, longest, alone_s, device_s, tokens in self.terms:
+            batch = min(costs.max_running_requests, -(-num_requests // num_rollout))
+            tail_at_batch_s = self._tail_at(longest, max(1, batch // 2))
+            roll_s = max(alone_s, tail_at_batch_s, device_s / num_rollout)
+            train_s = costs.train_step_s(tokens, gpus - num_rollout) + costs.weight_sync_s()
+            total_s += max(roll_s, train_s) if staleness else roll_s + train_s
+        return total_s / len(self.terms)
 
 
 def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
@@ -96,8 +116,8 @@ def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed
         raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
     picked = sorted({int(k) for k in np.linspace(0, steps - 1, min(steps, probe_steps))})
     probe = StepSubset(workload, picked)
-    best = min(range(1, gpus), key=lambda r: analytic_step_s(costs, workload, picked, gpus, r,
-                                                             staleness))
+    analytic = _Analytic(costs, workload, picked)
+    best = min(range(1, gpus), key=lambda r: analytic(gpus, r, staleness))
     scores: dict[int, float] = {}
 
     def score(r: int) -> float:

@@ -51,6 +51,7 @@ def load_train_state(trainer: FSDPTrainer, path: str | os.PathLike[str],
     dcp.load(state, checkpoint_id=str(path), process_group=trainer.group)
     set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
+    trainer.sync_replica()
     return {"load_s": time.perf_counter() - t0}
 
 

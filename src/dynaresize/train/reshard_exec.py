@@ -132,14 +132,15 @@ def execute_reshard(plan: Sequence[Transfer], me: int, old: FSDPTrainer | None,
     """Run this device's part of `plan` (see module docstring); every device of old ∪ new
     members must call it with the same plan. Consumes this device's old trainer (if an old
     member; left unchanged) and its freshly built new trainer (if a new member; its shards and
-    AdamW moments are overwritten, its step set to `optimizer_step`). Produces this device's
+    AdamW moments are overwritten, its step set to `optimizer_step`; with exact reduction its
+    replica is then re-gathered, a collective over the new members). Produces this device's
     bytes, message counts, seconds and measured peak staging bytes."""
     if staging_bytes <= 0:
         raise ValueError(f"staging_bytes must be > 0, got {staging_bytes}")
     _check_roles(plan, me, old, new)
     t0 = time.perf_counter()
     _prepare(old, new, optimizer_step)
-    src = old.local_shards() if old is not None else {}
+    src = old.local_shards(writable=False) if old is not None else {}
     dst = new.local_shards() if new is not None else {}
     any_trainer = old if old is not None else new
     stats = ReshardStats(staging_bytes=staging_bytes)
@@ -172,6 +173,8 @@ def execute_reshard(plan: Sequence[Transfer], me: int, old: FSDPTrainer | None,
                 stats.bytes_received += t.num_bytes
                 stats.num_recvs += 1
     arena.close()
+    if new is not None:
+        new.sync_replica()  # collective over the new group (exact reduction; else a no-op)
     stats.peak_staging_bytes = arena.peak_bytes
     stats.reshard_s = time.perf_counter() - t0
     return stats

@@ -11,52 +11,39 @@ three are local calls, not collectives.
 
 The constructor and every public method are COLLECTIVE over the group: all its ranks (and
 no other process) call them, in the same order; `train_step` with the same number of
-micro-batch rounds on every rank (`batching.plan_step` pads with None for that).
+micro-batch rounds on every rank (`batching.plan_step` pads with None for that). Exceptions:
+the local calls above, and `accumulate` / `take_holdings` / `put_holdings`.
 
-Loss: micro-batch loss = loss_sum / global_num_tokens, multiplied by the group size R because
-FSDP averages gradients over R ranks, so the summed update is exactly the gradient of the
-global batch's token-mean loss whatever R (DESIGN §2.4).
+Two update paths (`TrainConfig.exact_reduction`), the same loss (`train.forward`):
+- exact (default, `train.exact`): per-micro-batch gradients on an unsharded replica, combined
+  in micro-batch index order: bitwise the same update for any number of ranks and any
+  assignment of micro-batches to ranks. Also streams: `accumulate(step, [(m, micro_batch)])`
+  (local, whenever micro-batches are ready), then `finish(step, M, tokens)` (collective).
+- FSDP: micro-batch loss = loss_sum / global_num_tokens, multiplied by the group size R because
+  FSDP averages gradients over R ranks, so the summed update is the gradient of the global
+  batch's token-mean loss whatever R, up to float reduction order (DESIGN §2.4).
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor
 
 from dynaresize.config import TrainConfig
-from dynaresize.resize.reshard import optim_state_name, with_optimizer_state
-from dynaresize.train.batching import MicroBatch, PackedBatch, pack
-from dynaresize.train.grpo import (
-    clipped_token_count,
-    kl_penalty_sum,
-    ppo_clip_loss_sum,
-    token_logprobs,
-)
-from dynaresize.types import TrainSample
+from dynaresize.train.batching import MicroBatch
+from dynaresize.train.exact import ExactReducer, HeldGradients, scale_and_clip_
+from dynaresize.train.forward import LossSpec, micro_batch_loss, padding_micro_batch
+from dynaresize.train.state import OPTIM_KEYS, ShardedState, checksum_named_tensors
 
-OPTIM_KEYS = ("exp_avg", "exp_avg_sq")
-
-
-def checksum_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[float, str]:
-    """(sum as float64, SHA-256 of the raw bytes) over tensors in name order; a name seen twice
-    counts once. `model.named_parameters()` of a plain model gives the trainer's checksum."""
-    tensors = dict(named)
-    total, digest = 0.0, hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        total += float(t.double().sum())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return total, digest.hexdigest()
+__all__ = ["OPTIM_KEYS", "FSDPTrainer", "checksum_named_tensors"]
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -73,13 +60,7 @@ def _shard(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     return model
 
 
-def _padding_micro_batch() -> MicroBatch:
-    """One 1-token sample: run with loss weight 0 so a rank's collectives line up."""
-    return [TrainSample(step=-1, prompt=-1, sample=-1, prompt_tokens=[0], response_tokens=[0],
-                        behavior_logprobs=[0.0], advantage=0.0, reward=0.0)]
-
-
-class FSDPTrainer:
+class FSDPTrainer(ShardedState):
     """GRPO/PPO-clip policy trainer, FSDP2-sharded over `group` (see module docstring)."""
 
     def __init__(self, model_factory: Callable[[], nn.Module], config: TrainConfig,
@@ -95,15 +76,19 @@ class FSDPTrainer:
         if self.rank < 0:
             raise ValueError("this process is not a member of the training group")
         self.device = torch.device(device)
-        self.temperature = temperature
-        self.pad_token_id = pad_token_id
+        self.spec = LossSpec(config.clip_eps, config.kl_coef, temperature, pad_token_id)
         self.mesh = DeviceMesh.from_group(group, self.device.type,
                                           mesh_dim_names=(f"dp{generation}",))
         model = model_factory().to(self.device)
         reference = copy.deepcopy(model) if config.kl_coef > 0 else None
+        replica = copy.deepcopy(model) if config.exact_reduction else None
         self.model = _shard(model, self.mesh)
         self.ref_model: nn.Module | None = None
-        if reference is not None:
+        self.exact: ExactReducer | None = None
+        if replica is not None:  # the KL reference stays an unsharded replica too
+            self.exact = ExactReducer(replica, reference, self.model, group, self.spec,
+                                      self.device)
+        elif reference is not None:
             reference.requires_grad_(False)
             self.ref_model = _shard(reference.eval(), self.mesh)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
@@ -111,67 +96,85 @@ class FSDPTrainer:
 
     # ------------------------------------------------------------------ training
 
-    def _logprobs(self, model: nn.Module, batch: PackedBatch) -> torch.Tensor:
-        # No attention mask: right padding never precedes a real token under causal attention.
-        logits = model(input_ids=batch.input_ids.to(self.device), use_cache=False).logits
-        if self.temperature != 1.0:
-            logits = logits.float() / self.temperature
-        return token_logprobs(logits, batch.targets.to(self.device))
-
     def train_step(self, micro_batches: list[MicroBatch | None],
                    global_num_tokens: int) -> dict[str, float]:
-        """Forward/backward this rank's micro-batches (None: padding round, zero weight), clip,
-        one AdamW step. Metrics are global (identical on every rank)."""
+        """Forward/backward this rank's micro-batches (None: padding round), clip, one AdamW
+        step. Element k of rank r's list is global micro-batch k * R + r (`batching.deal`).
+        Metrics are global (identical on every rank)."""
         if global_num_tokens <= 0:
             raise ValueError(f"global_num_tokens must be > 0, got {global_num_tokens}")
         t0 = time.perf_counter()
+        num_micro_batches, stale = self._check_rounds(micro_batches)
+        if self.exact is None:
+            return self._fsdp_step(micro_batches, global_num_tokens, t0)
+        if stale:
+            self.sync_replica()
+        step = self.optimizer_step_count()
+        mine = [(k * self.num_ranks + self.rank, mb)
+                for k, mb in enumerate(micro_batches) if mb is not None]
+        try:
+            self.exact.accumulate(step, mine, step)
+            metrics = self.finish(step, num_micro_batches, global_num_tokens)
+        except Exception:
+            self.exact.held = None  # train_step leaves nothing behind
+            raise
+        metrics["train_s"] = time.perf_counter() - t0
+        return metrics
+
+    def _fsdp_step(self, micro_batches: list[MicroBatch | None], global_num_tokens: int,
+                   t0: float) -> dict[str, float]:
         cfg = self.config
-        self._check_rounds(micro_batches)
         self.model.train()
         scale = self.num_ranks / global_num_tokens
         # pg_loss_sum, kl_sum, tokens, clipped tokens (this rank's real micro-batches).
         stats = torch.zeros(4, dtype=torch.float64, device=self.device)
         for micro_batch in micro_batches:
             weight = 0.0 if micro_batch is None else 1.0
-            padded = _padding_micro_batch() if micro_batch is None else micro_batch
-            batch = pack(padded, self.pad_token_id)
-            mask = batch.loss_mask.to(self.device)
-            old = batch.old_logprobs.to(self.device)
-            logprobs = self._logprobs(self.model, batch)
-            pg_sum = ppo_clip_loss_sum(logprobs, old, batch.advantages.to(self.device), mask,
-                                       cfg.clip_eps)
-            loss_sum = pg_sum
-            kl_sum = torch.zeros((), device=self.device)
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_logprobs = self._logprobs(self.ref_model, batch)
-                kl_sum = kl_penalty_sum(logprobs, ref_logprobs, mask)
-                loss_sum = loss_sum + cfg.kl_coef * kl_sum
+            padded = padding_micro_batch() if micro_batch is None else micro_batch
+            loss_sum, mb_stats = micro_batch_loss(self.model, self.ref_model, padded,
+                                                  self.spec, self.device)
             (loss_sum * (scale * weight)).backward()
             if micro_batch is not None:
-                clipped = clipped_token_count(logprobs, old, mask, cfg.clip_eps)
-                stats += torch.stack([pg_sum.detach(), kl_sum.detach(), mask.sum(),
-                                      clipped]).to(torch.float64)
+                stats += mb_stats
         dist.all_reduce(stats, group=self.group)
-        pg_total, kl_total, tokens, clipped_total = stats.tolist()
-        if int(tokens) != global_num_tokens:
+        try:
+            self._check_tokens(stats, global_num_tokens)
+        except ValueError:
             self.optimizer.zero_grad(set_to_none=True)
-            raise ValueError(f"global_num_tokens = {global_num_tokens} but the group's "
-                             f"micro-batches hold {int(tokens)} response tokens")
+            raise
         grad_norm = self._clip_grad_norm(cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = (pg_total + cfg.kl_coef * kl_total) / tokens
+        return self._metrics(stats, grad_norm, time.perf_counter() - t0)
+
+    def _metrics(self, stats: torch.Tensor, grad_norm: float, train_s: float
+                 ) -> dict[str, float]:
+        pg_total, kl_total, tokens, clipped_total = stats.tolist()
+        loss = (pg_total + self.config.kl_coef * kl_total) / tokens
         return {"loss": loss, "pg_loss": pg_total / tokens, "kl": kl_total / tokens,
                 "tokens": tokens, "clip_fraction": clipped_total / tokens,
-                "grad_norm": grad_norm, "train_s": time.perf_counter() - t0}
+                "grad_norm": grad_norm, "train_s": train_s}
 
-    def _check_rounds(self, micro_batches: list[MicroBatch | None]) -> None:
+    @staticmethod
+    def _check_tokens(stats: torch.Tensor, global_num_tokens: int) -> None:
+        tokens = int(stats[2])
+        if tokens != global_num_tokens:
+            raise ValueError(f"global_num_tokens = {global_num_tokens} but the group's "
+                             f"micro-batches hold {tokens} response tokens")
+
+    def _check_rounds(self, micro_batches: list[MicroBatch | None]) -> tuple[int, bool]:
         """Unequal round counts (or an empty micro-batch on one rank) would deadlock FSDP's
-        collectives: agree first, and fail on every rank instead."""
+        collectives and break the index of a round: agree first, and fail on every rank
+        instead. Returns (number of micro-batches of the group, whether any rank's replica
+        is stale)."""
         num_rounds = len(micro_batches)
         num_empty = sum(1 for mb in micro_batches if mb is not None and not mb)
-        counts = torch.tensor([num_rounds, -num_rounds, num_empty], device=self.device)
+        top = max((k * self.num_ranks + self.rank + 1 for k, mb in enumerate(micro_batches)
+                   if mb is not None), default=0)
+        held = int(self.exact is not None and self.exact.held is not None)
+        stale = int(self.exact is not None and not self.exact.fresh)
+        counts = torch.tensor([num_rounds, -num_rounds, num_empty, top, held, stale],
+                              device=self.device)
         dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=self.group)
         most, fewest, empty = int(counts[0]), -int(counts[1]), int(counts[2])
         if most != fewest:
@@ -179,6 +182,12 @@ class FSDPTrainer:
                              "micro-batch rounds; pad with None (batching.plan_step)")
         if empty:
             raise ValueError("an empty micro-batch was passed; use None for a padding round")
+        if int(counts[4]):
+            raise ValueError("train_step while accumulated gradients are held; finish() or "
+                             "take_holdings() first")
+        if not int(counts[3]):
+            raise ValueError("no rank of the training group got a micro-batch")
+        return int(counts[3]), bool(counts[5])
 
     def _clip_grad_norm(self, max_norm: float) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -189,133 +198,58 @@ class FSDPTrainer:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=False)
         return float(norm)
 
-    # ------------------------------------------------------------------ state
+    # ------------------------------------------------------------------ streaming (exact)
 
-    def _named_params(self) -> list[tuple[str, nn.Parameter]]:
-        return list(self.model.named_parameters())  # tied parameters appear once
+    def _exact(self) -> ExactReducer:
+        if self.exact is None:
+            raise ValueError("accumulate/finish/holdings need train.exact_reduction = true")
+        return self.exact
 
-    @staticmethod
-    def _full(t: torch.Tensor) -> torch.Tensor:
-        return t.full_tensor() if isinstance(t, DTensor) else t
+    def accumulate(self, step: int, micro_batches: list[tuple[int, MicroBatch]]) -> None:
+        """LOCAL: compute and hold the gradient of each (global index m, micro-batch) of
+        `step`, for a later `finish`. Any rank may hold any indices, in any order, over any
+        number of calls; holdings are of one step at a time."""
+        self._exact().accumulate(step, micro_batches, self.optimizer_step_count())
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Collective: unsharded CPU model state on the group's rank 0 (tied weights under
-        every key, sharing storage), None on the other ranks."""
-        out: dict[str, torch.Tensor] = {}
-        gathered: dict[int, torch.Tensor] = {}
-        for name, value in self.model.state_dict(keep_vars=True).items():
-            if id(value) not in gathered:
-                gathered[id(value)] = self._full(value).detach().cpu().clone()
-            out[name] = gathered[id(value)]
-        return out if self.rank == 0 else None
+    def finish(self, step: int, num_micro_batches: int,
+               global_num_tokens: int) -> dict[str, float]:
+        """COLLECTIVE: combine the group's holdings of `step` (every index 0..M-1 held by
+        exactly one rank), sum them in index order, / global_num_tokens, clip, one AdamW
+        step; holdings are dropped. Metrics are identical on every rank, except `train_s`
+        (this rank's accumulate compute + this call). On ValueError (an index held by no rank
+        or by two, another step, a wrong token count) nothing changes, on every rank."""
+        exact = self._exact()
+        if num_micro_batches <= 0 or global_num_tokens <= 0:
+            raise ValueError(f"num_micro_batches ({num_micro_batches}) and global_num_tokens "
+                             f"({global_num_tokens}) must be > 0")
+        t0 = time.perf_counter()
+        grad, stats = exact.combine(step, num_micro_batches, self.optimizer_step_count())
+        self._check_tokens(stats, global_num_tokens)
+        grad_norm = scale_and_clip_(grad, global_num_tokens, self.config.max_grad_norm)
+        exact.write_grads(grad)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        exact.sync()
+        held = exact.take()
+        compute_s = held.compute_s if held is not None else 0.0
+        return self._metrics(stats, grad_norm, compute_s + time.perf_counter() - t0)
 
-    def full_optim_state_dict(self) -> dict[str, dict[str, torch.Tensor]] | None:
-        """Collective: AdamW state by parameter name, {"step", "exp_avg", "exp_avg_sq"},
-        unsharded on CPU, on the group's rank 0; None elsewhere."""
-        out: dict[str, dict[str, torch.Tensor]] = {}
-        for name, param in self._named_params():
-            state = self.optimizer.state.get(param, {})
-            if not state:
-                continue
-            entry = {"step": state["step"].detach().cpu().clone()}
-            for key in OPTIM_KEYS:
-                entry[key] = self._full(state[key]).detach().cpu().clone()
-            out[name] = entry
-        return out if self.rank == 0 else None
+    def take_holdings(self) -> HeldGradients | None:
+        """LOCAL: remove and return this rank's held gradients (None if none; always None
+        without exact reduction). They stay valid for any trainer whose parameters are at the
+        same optimizer step: e.g. the trainer a resize builds over a new group mid-step."""
+        return self.exact.take() if self.exact is not None else None
 
-    def param_checksum(self) -> tuple[float, str]:
-        """Collective: (sum of all full parameters as float64, SHA-256 of their bytes in name
-        order); the same on every rank and equal to `checksum_named_tensors` of a plain
-        model holding these weights."""
-        return checksum_named_tensors((name, self._full(p)) for name, p in self._named_params())
+    def put_holdings(self, held: HeldGradients | None) -> None:
+        """LOCAL: add gradients from `take_holdings` (of any rank) to this rank's holdings
+        (None: nothing); ValueError if they are of another step, other parameters or
+        overlap."""
+        if held is not None:
+            self._exact().put(held, self.optimizer_step_count())
 
-    def _shard_from_rank0(self, like: torch.Tensor, full: torch.Tensor | None) -> torch.Tensor:
-        """Scatter `full` (meaningful on group rank 0) into `like`'s dim-0 sharding."""
-        if not isinstance(like, DTensor):
-            buf = (full if full is not None else torch.empty_like(like)).to(self.device)
-            dist.broadcast(buf, group=self.group, group_src=0)
-            return buf
-        src = full if full is not None else torch.empty(like.shape, dtype=like.dtype)
-        dt = distribute_tensor(src.to(self.device, like.dtype), self.mesh, [Shard(0)])
-        assert dt.to_local().shape == like.to_local().shape, "sharding mismatch"
-        return dt
-
-    def load_full_state(self, model_sd: dict[str, torch.Tensor] | None,
-                        optim_sd: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
-        """Collective: install full state held by the group's rank 0 (other ranks pass None).
-        Model and optimizer state are set separately (DESIGN §6). Missing keys raise
-        ValueError on every rank."""
-        names = [name for name, _ in self._named_params()]
-        meta: list[Any] = [None]
-        if self.rank == 0:
-            missing = [n for n in names if model_sd is None or n not in model_sd]
-            if optim_sd is not None:
-                missing += [f"optim:{n}" for n in names if n not in optim_sd]
-            steps = None if optim_sd is None else {n: float(optim_sd[n]["step"])
-                                                   for n in names if n in optim_sd}
-            meta = [{"missing": missing, "steps": steps}]
-        dist.broadcast_object_list(meta, group=self.group, group_src=0)
-        if meta[0]["missing"]:
-            raise ValueError(f"full state lacks {meta[0]['missing'][:5]}")
-        steps = meta[0]["steps"]
-        for name, param in self._named_params():
-            full = model_sd[name] if self.rank == 0 and model_sd is not None else None
-            value = self._shard_from_rank0(param, full)
-            with torch.no_grad():
-                local = param.to_local() if isinstance(param, DTensor) else param
-                local.copy_(value.to_local() if isinstance(value, DTensor) else value)
-            if steps is None:
-                continue
-            state = self.optimizer.state[param]
-            state["step"] = torch.tensor(steps[name], dtype=torch.float32)
-            for key in OPTIM_KEYS:
-                full = optim_sd[name][key] if self.rank == 0 and optim_sd is not None else None
-                state[key] = self._shard_from_rank0(param, full)
-
-    # ------------------------------------------------------------------ resharding (local)
-
-    def full_shapes(self) -> dict[str, tuple[tuple[int, ...], int]]:
-        """Input of `resize.reshard.plan_reshard`: name -> (full shape, bytes per element) of
-        every parameter and of its AdamW moments (`name::exp_avg`, `name::exp_avg_sq`)."""
-        return with_optimizer_state({name: (tuple(p.shape), p.dtype.itemsize)
-                                     for name, p in self._named_params()})
-
-    def local_shards(self) -> dict[str, torch.Tensor]:
-        """This rank's dim-0 shards under the names of `full_shapes` (moments only once they
-        exist: after a step or `init_optimizer_state`). Detached views of the live storage:
-        copying into them in place under `torch.no_grad()` changes the trainer's state."""
-        out: dict[str, torch.Tensor] = {}
-        for name, param in self._named_params():
-            out[name] = _local(param).detach()
-            state = self.optimizer.state.get(param, {})
-            for key in OPTIM_KEYS:
-                if key in state:
-                    out[optim_state_name(name, key)] = _local(state[key])
-        return out
-
-    def optimizer_step_count(self) -> int:
-        """AdamW steps behind the current state (0 before the first step)."""
-        steps = {int(s["step"]) for s in self.optimizer.state.values() if "step" in s}
-        assert len(steps) <= 1, f"parameters disagree on the optimizer step: {steps}"
-        return steps.pop() if steps else 0
-
-    def has_optimizer_state(self) -> bool:
-        """True once every parameter has its AdamW moments."""
-        return all(all(k in self.optimizer.state.get(p, {}) for k in OPTIM_KEYS)
-                   for _, p in self._named_params())
-
-    def init_optimizer_state(self, step: int) -> None:
-        """Install AdamW state as after `step` steps, with zero moments (a reshard fills them),
-        so that the next `train_step` continues from step `step` + 1. Replaces any state."""
-        if step < 0:
-            raise ValueError(f"optimizer step must be >= 0, got {step}")
-        for _, param in self._named_params():
-            self.optimizer.state[param] = {
-                "step": torch.tensor(float(step), dtype=torch.float32),
-                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
-                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (a view of FSDP's storage), or `t` itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    def sync_replica(self) -> None:
+        """COLLECTIVE: re-gather the exact path's replica from the shards (needed after the
+        shards were written through `local_shards`; `train_step` does it by itself, the
+        reshard and load paths call it). A no-op without exact reduction."""
+        if self.exact is not None:
+            self.exact.sync()

@@ -1,0 +1,90 @@
+"""The orchestrator's streaming training path (see `dynaresize.stream`).
+
+`accumulate(orch, step, stream, holdings)` runs sessions: take the train lock; every training
+device pulls the next ready, not yet held micro-batch whenever it is free and accumulates it
+(`Device.train_accumulate`: it computes and holds that micro-batch's gradients); the session
+ends when nothing ready is left or a resize waits for the lock. Between two sessions a resize
+may change the training group: devices that joined take part in the next session; what a
+device that left held is recomputed.
+It returns once every micro-batch is held. `finish(...)` (under the lock, at the optimizer-step
+boundary) recomputes what departed devices held, then `Device.train_finish` combines the held
+gradients in micro-batch order and takes the optimizer step on every training device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dynaresize.stream import Holdings, StepStream
+
+if TYPE_CHECKING:
+    from dynaresize.orchestrator import Orchestrator
+    from dynaresize.protocols import Device
+
+async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: Holdings,
+                   trainers: list[Device], changed: asyncio.Event,
+                   stop: Callable[[], bool]) -> float:
+    """Every trainer pulls the next ready, unheld micro-batch as soon as it is free (no
+    lock-step rounds: micro-batches differ a lot in length) and waits for `changed` when none
+    is ready, until every micro-batch is held or `stop()` (a resize waits for the boundary;
+    it sets `changed` too). Returns the device-seconds spent."""
+    taken: set[int] = set()
+    busy_s = [0.0]
+
+    async def pull(device: Device) -> None:
+        while not stop():
+            todo = [m for m in holdings.todo(stream.ready) if m not in taken]
+            if not todo:
+                if stream.complete:
+                    return
+                changed.clear()
+                await changed.wait()
+                continue
+            m = todo[0]
+            taken.add(m)
+            t0 = orch.clock.now()
+            await device.train_accumulate(step, [(m, stream.micro_batch(m))])
+            t1 = orch.clock.now()
+            holdings.held_by[m] = device.index
+            busy_s[0] += t1 - t0
+            orch.rundir.event(t0, t1, device.index, "train", critical=True, step=step)
+
+    await asyncio.gather(*(pull(d) for d in trainers))
+    return busy_s[0]
+
+
+async def accumulate(orch: Orchestrator, step: int, stream: StepStream, holdings: Holdings,
+                     changed: asyncio.Event) -> float:
+    """Sessions until every micro-batch of `step` is held (module docstring); returns the
+    device-seconds spent. `changed` is set whenever micro-batches become ready and whenever
+    a resize starts waiting for the train lock."""
+    device_s = 0.0
+    while holdings.todo(stream.ready) or not stream.complete:
+        async with orch.train_lock:
+            trainers = orch.train_devices()
+            holdings.drop_devices(d.index for d in trainers)
+            device_s += await _session(orch, step, stream, holdings, trainers, changed,
+                                       lambda: orch.resizes_waiting > 0)
+    return device_s
+
+
+async def finish(orch: Orchestrator, trainers: list[Device], step: int, stream: StepStream,
+                 holdings: Holdings, global_tokens: int
+                 ) -> tuple[list[dict[str, float]], float, list[Any], float]:
+    """Under the train lock: recompute what left with departed devices, then the optimizer
+    step and the weight gather. Returns (stats, time training ended, handles, device-s)."""
+    device_s = 0.0
+    holdings.drop_devices(d.index for d in trainers)
+    device_s += await _session(orch, step, stream, holdings, trainers, asyncio.Event(),
+                               lambda: False)
+    t0 = orch.clock.now()
+    stats = list(await asyncio.gather(*(d.train_finish(step, stream.num_micro_batches,
+                                                       global_tokens) for d in trainers)))
+    t1 = orch.clock.now()
+    for d in trainers:
+        orch.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
+    handles = list(await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers)))
+    holdings.held_by.clear()
+    return stats, t1, handles, device_s + (t1 - t0) * len(trainers)

@@ -1,0 +1,252 @@
+"""Exact reduction (`TrainConfig.exact_reduction`): an update that is bitwise the same whatever
+the number of training ranks and whichever rank computed which micro-batch.
+
+Why: FSDP sums a rank's micro-batches into its gradient first and reduce-scatters across ranks
+after, so the order of the float additions depends on the layout and the update differs by
+rounding (~1e-6); a run whose layout changes at runtime (timing-driven resizes) then ends with
+other parameters than a run with the same seed. Here the FSDP2 model is only the *storage* of
+parameters and AdamW state (dim-0 shards, what resharding and checkpoints use), and:
+
+1. `accumulate` (LOCAL): the gradient g_m of micro-batch m's loss sum is taken on a plain,
+   unsharded replica of the model holding the current full parameters, flattened into one
+   fp32 vector [P] (parameters in `named_parameters()` order, -0.0 turned into +0.0), and held
+   with the micro-batch's float64 statistics under its global index m (`HeldGradients`). The
+   same code on the same inputs gives the same bits on any rank (all ranks must use the same
+   torch thread count, as the rollout devices do).
+2. `combine` (COLLECTIVE): an all-reduce SUM of an [M, P] buffer in which exactly one rank
+   filled each row: x + 0 + ... + 0 == x exactly in any order, so every rank gets every g_m
+   bitwise. Then g_0 + g_1 + ... + g_{M-1} in index order, / the global token count, float64
+   norm, clip: the same operations on the same values on every rank, for every layout.
+3. `write_grads`: each rank's dim-0 rows of the full gradient become its DTensor grads and
+   torch's AdamW (foreach=False) steps the shards. AdamW is elementwise; measured (CPU, AVX2
+   and default kernels) an element's result does not depend on where it sits in its tensor
+   (vectorised body or scalar tail), so any dim-0 sharding updates bitwise like the full
+   tensor; tests/unit/test_exact_adamw.py checks that on the machine running the tests.
+4. `sync` (COLLECTIVE): the replica's parameters are re-gathered from the new shards (exact).
+
+Cost: every rank holds the full parameters (replica; the KL reference too when kl_coef > 0,
+unsharded) and, during `combine`, an fp32 [M, P] buffer: meant for small models (CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from dynaresize.resize.reshard import shard_rows
+from dynaresize.train.batching import MicroBatch
+from dynaresize.train.forward import LossSpec, micro_batch_loss
+
+
+@dataclass
+class HeldGradients:
+    """One rank's not yet combined micro-batch gradients of one step. What
+    `FSDPTrainer.take_holdings` returns and `put_holdings` takes (e.g. across the trainer
+    rebuild of a resize in the middle of a step). Valid only for parameters at
+    `optimizer_step` with the same `layout`."""
+
+    step: int
+    optimizer_step: int
+    """AdamW steps behind the parameters the gradients were taken at."""
+    layout: str
+    """Digest of the parameter names and shapes."""
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Global micro-batch index -> flat fp32 gradient of its loss sum [P]."""
+    stats: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Global micro-batch index -> float64 [4] (`forward.STAT_KEYS`)."""
+    compute_s: float = 0.0
+    """Seconds this rank spent computing them."""
+
+
+def ordered_sum(rows: torch.Tensor) -> torch.Tensor:
+    """rows[0] + rows[1] + ... in index order (elementwise adds: layout-invariant)."""
+    out = rows[0].clone()
+    for row in rows[1:]:
+        out += row
+    return out
+
+
+class ExactReducer:
+    """The exact update path of one `FSDPTrainer` (module docstring): the replica, this rank's
+    held gradients, the combine. `sharded` is the FSDP2 model the trainer stores state in."""
+
+    def __init__(self, replica: nn.Module, reference: nn.Module | None, sharded: nn.Module,
+                 group: dist.ProcessGroup, spec: LossSpec, device: torch.device) -> None:
+        self.replica = replica.to(device).train()
+        self.reference = reference.to(device).eval() if reference is not None else None
+        if self.reference is not None:
+            self.reference.requires_grad_(False)
+        self.group = group
+        self.spec = spec
+        self.device = device
+        named = list(replica.named_parameters())  # tied parameters once
+        self._sharded = list(sharded.named_parameters())
+        if [n for n, _ in named] != [n for n, _ in self._sharded]:
+            raise ValueError("the replica's parameters differ from the sharded model's")
+        self._params = [p for _, p in named]
+        self.num_params = sum(p.numel() for p in self._params)
+        self.layout = hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in named]).encode()
+                                     ).hexdigest()[:16]
+        self.fresh = True
+        """The replica holds the shards' current values (False after outside writes)."""
+        self.held: HeldGradients | None = None
+
+    # ------------------------------------------------------------------ local
+    def accumulate(self, step: int, items: list[tuple[int, MicroBatch]],
+                   optimizer_step: int) -> None:
+        """Compute and hold g_m for each (m, micro-batch). Local; raises before computing
+        anything if an item is bad or held already."""
+        if not self.fresh:
+            raise RuntimeError("the trainer's parameters were written from outside since its "
+                               "replica was gathered; call sync_replica() (collective) first")
+        if self.held is not None and self.held.step != step:
+            raise ValueError(f"gradients of step {self.held.step} are held; finish or "
+                             f"take_holdings() before accumulating step {step}")
+        if self.held is not None and self.held.optimizer_step != optimizer_step:
+            raise ValueError(f"gradients held here were taken at optimizer step "
+                             f"{self.held.optimizer_step}, the parameters are at "
+                             f"{optimizer_step}; take_holdings() to drop them")
+        indices = [m for m, _ in items]
+        held = set(self.held.grads) if self.held is not None else set()
+        for m, micro_batch in items:
+            if not isinstance(m, int) or m < 0:
+                raise ValueError(f"micro-batch index must be an int >= 0, got {m!r}")
+            if not micro_batch:
+                raise ValueError(f"micro-batch {m} is empty")
+        twice = sorted({m for m in indices if indices.count(m) > 1 or m in held})
+        if twice:
+            raise ValueError(f"step {step}: micro-batch(es) {twice} are held already here")
+        if not items:
+            return
+        if self.held is None:
+            self.held = HeldGradients(step, optimizer_step, self.layout)
+        for m, micro_batch in items:
+            t0 = time.perf_counter()
+            grad, stats = self._gradient(micro_batch)
+            self.held.grads[m], self.held.stats[m] = grad, stats
+            self.held.compute_s += time.perf_counter() - t0
+
+    def _gradient(self, micro_batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        self.replica.zero_grad(set_to_none=True)
+        loss_sum, stats = micro_batch_loss(self.replica, self.reference, micro_batch,
+                                           self.spec, self.device)
+        loss_sum.backward()
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self._params]).to(torch.float32)
+        self.replica.zero_grad(set_to_none=True)
+        flat[flat == 0] = 0.0  # -0.0 -> +0.0: a sum with other ranks' zeros would flip it
+        return flat, stats
+
+    def take(self) -> HeldGradients | None:
+        held, self.held = self.held, None
+        return held
+
+    def put(self, held: HeldGradients | None, optimizer_step: int) -> None:
+        """Merge `held` into this rank's holdings (same step, disjoint indices)."""
+        if held is None:
+            return
+        if held.layout != self.layout:
+            raise ValueError("held gradients belong to a model with other parameters")
+        if held.optimizer_step != optimizer_step:
+            raise ValueError(f"held gradients were taken at optimizer step "
+                             f"{held.optimizer_step}, the parameters are at {optimizer_step}")
+        if self.held is None:
+            self.held = HeldGradients(held.step, held.optimizer_step, held.layout)
+        elif self.held.step != held.step:
+            raise ValueError(f"gradients of step {self.held.step} are held here, "
+                             f"cannot add step {held.step}")
+        both = sorted(set(self.held.grads) & set(held.grads))
+        if both:
+            raise ValueError(f"micro-batch(es) {both} are held twice")
+        for m in held.grads:
+            self.held.grads[m] = held.grads[m].to(self.device)
+            self.held.stats[m] = held.stats[m].to(self.device)
+        self.held.compute_s += held.compute_s
+
+    # ------------------------------------------------------------------ collective
+    def combine(self, step: int, num_micro_batches: int, optimizer_step: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Collective: (g_0 + ... + g_{M-1} [P] fp32, summed stats float64 [4]), both in index
+        order and identical on every rank; ValueError on every rank if a micro-batch is held
+        by no rank or by several, or holdings are of another step."""
+        m_count, held = num_micro_batches, self.held
+        flags = torch.zeros(m_count + 3, dtype=torch.int64, device=self.device)
+        if held is not None:
+            for m in held.grads:
+                flags[min(m, m_count)] += 1
+            flags[m_count + 1] = int(held.step != step)
+            flags[m_count + 2] = int(held.optimizer_step != optimizer_step)
+        dist.all_reduce(flags, group=self.group)
+        self._check(flags.tolist(), step, m_count)
+        stats = torch.zeros(m_count, 4, dtype=torch.float64, device=self.device)
+        grads = torch.zeros(m_count, self.num_params, dtype=torch.float32, device=self.device)
+        for m in held.grads if held is not None else ():
+            stats[m], grads[m] = held.stats[m], held.grads[m]
+        dist.all_reduce(stats, group=self.group)
+        dist.all_reduce(grads, group=self.group)  # one non-zero addend per element: exact
+        return ordered_sum(grads), ordered_sum(stats)
+
+    @staticmethod
+    def _check(flags: list[int], step: int, m_count: int) -> None:
+        counts = flags[:m_count]
+        missing = [m for m, c in enumerate(counts) if c == 0]
+        twice = {m: c for m, c in enumerate(counts) if c > 1}
+        problems = []
+        if missing:
+            problems.append(f"micro-batch(es) {missing[:10]} held by no rank")
+        if twice:
+            problems.append("micro-batch(es) held by several ranks (index: ranks) "
+                            f"{dict(list(twice.items())[:10])}")
+        if flags[m_count]:
+            problems.append(f"{flags[m_count]} held index(es) >= num_micro_batches = {m_count}")
+        if flags[m_count + 1]:
+            problems.append(f"{flags[m_count + 1]} rank(s) hold gradients of another step")
+        if flags[m_count + 2]:
+            problems.append(f"{flags[m_count + 2]} rank(s) hold gradients taken at other "
+                            "parameters (another optimizer step)")
+        if problems:
+            raise ValueError(f"finish of step {step}: " + "; ".join(problems)
+                             + " (holdings are left as they were)")
+
+    def write_grads(self, grad: torch.Tensor) -> None:
+        """Local: each sharded parameter's grad = this rank's dim-0 rows of the full `grad`."""
+        offset = 0
+        with torch.no_grad():
+            for name, param in self._sharded:
+                full = grad[offset:offset + param.numel()].view(param.shape)
+                offset += param.numel()
+                if not isinstance(param, DTensor):
+                    param.grad = full.clone()
+                    continue
+                mesh = param.device_mesh
+                start, stop = shard_rows(param.shape[0], mesh.size(), mesh.get_local_rank())
+                param.grad = torch.zeros_like(param)
+                local = param.grad.to_local()
+                assert local.shape[0] == stop - start, f"{name}: unexpected shard rows"
+                local.copy_(full[start:stop])
+
+    def sync(self) -> None:
+        """Collective: the replica's parameters <- the full current (sharded) parameters."""
+        with torch.no_grad():
+            for (_, param), mine in zip(self._sharded, self._params, strict=True):
+                mine.copy_(param.full_tensor() if isinstance(param, DTensor) else param)
+        self.fresh = True
+
+
+def scale_and_clip_(grad: torch.Tensor, global_num_tokens: int, max_norm: float) -> float:
+    """In place: grad / global_num_tokens, then clipped to `max_norm` (0: no clipping) like
+    `torch.nn.utils.clip_grad_norm_` (coefficient max_norm / (norm + 1e-6) if below 1).
+    Returns the norm before clipping (float64 accumulation: same bits on every rank)."""
+    grad.div_(global_num_tokens)
+    norm = float(torch.linalg.vector_norm(grad, dtype=torch.float64))
+    if max_norm > 0:
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            grad.mul_(coef)
+    return norm
