@@ -63,3 +63,4 @@ def rebuild_world(actor: Any, store: int | str, ranks: dict[int, int],
         with torch.no_grad():
             for name, value in kept.items():
                 shards[name].copy_(value)
+    actor.trainer.sync_replica()  # collective over members: exact reduction's replica

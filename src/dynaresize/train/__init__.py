@@ -1,6 +1,8 @@
 """Trainer: GRPO/PPO-clip loss (`grpo`, pure), micro-batch planning (`batching`, pure, no
-torch at import) and the FSDP2 trainer over one training group (`trainer`, the only module with
-collectives). Names are re-exported lazily so that `dynaresize.train.batching` stays light."""
+torch at import), one micro-batch's loss (`forward`) and the FSDP2 trainer over one training
+group (`trainer`, with its state in `state` and its exact-reduction path in `exact`: the
+modules with collectives). Names are re-exported lazily so that `dynaresize.train.batching`
+stays light."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ _EXPORTS = {
     "make_micro_batches": "batching", "pack": "batching", "plan_step": "batching",
     "clipped_token_count": "grpo", "group_advantages": "grpo", "kl_penalty_sum": "grpo",
     "ppo_clip_loss_sum": "grpo", "token_logprobs": "grpo",
-    "FSDPTrainer": "trainer", "checksum_named_tensors": "trainer",
+    "FSDPTrainer": "trainer", "checksum_named_tensors": "trainer", "HeldGradients": "exact",
 }
 
 __all__ = sorted(_EXPORTS)
