@@ -64,6 +64,9 @@ class RunView:
     history: list[StepTiming] = field(default_factory=list)
     resize_critical_s: list[float] = field(default_factory=list)
     """Measured critical-path time of each completed resize, in order."""
+    resize_wall_s: list[float] = field(default_factory=list)
+    """Measured wall time of each completed resize (the optimizer-step boundary is held
+    that long: what a training step waiting for it loses), in order."""
     num_pending_resizes: int = 0
     """Resizes decided but still waiting for an optimizer-step boundary."""
     train_busy: bool = False

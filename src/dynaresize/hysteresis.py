@@ -45,6 +45,10 @@ class HysteresisParams:
     ema: float = 0.5
 
 
+UNMEASURED_GAIN = 0.2
+"""Lending engines at rollout end before any resize was measured must promise 20 %."""
+
+
 def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
@@ -65,6 +69,13 @@ class HysteresisController:
         self._released: dict[int, int] = {}
         self._tail_target: dict[int, int] = {}
         self._round_trip_s = 0.0
+        self._round_trip_measured = False
+        self._lend_ok = False
+        """Staleness 0: lend the engines at rollout end this step (`_lending_pays`)."""
+        self._step_start_s: dict[int, float] = {}
+        self._lent_at_end: set[int] = set()
+        self._mode_step_s: dict[bool, float] = {}
+        """Staleness 0: measured step time (EMA) with and without lending at rollout end."""
         """The cost of one resize, as of the last step start (predictions charge it)."""
         self._last_change_step = -10**9
 
@@ -103,13 +114,32 @@ class HysteresisController:
         # Streaming with tail release: the trainers work through the rollout (at staleness 0
         # on this step's completed groups, about half of the bulk's on average), and the
         # rollout devices but one join them for the tail.
-        return self._stream_s0(num_rollout, num_devices, self._end_release_pays(
-            num_rollout, num_devices))
+        return self._stream_s0(num_rollout, num_devices, self._lend_ok)
 
-    def _end_release_pays(self, num_rollout: int, num_devices: int) -> bool:
-        """The end-of-rollout release must beat keeping the split by more than the band."""
-        return self._stream_s0(num_rollout, num_devices, True) < (1 - self.p.band) * \
-            self._stream_s0(num_rollout, num_devices, False)
+    def _lending_pays(self, num_devices: int) -> bool:
+        """Staleness 0: whether lending the engines at rollout end (at its best split) beats
+        never lending (at its best split) by more than the band, in prediction and, once both
+        modes have run, in the measured step times. Until a resize has been measured its cost
+        is a guess, so the prediction must promise `UNMEASURED_GAIN`."""
+        lend, keep = self._mode_step_s.get(True), self._mode_step_s.get(False)
+        if lend is not None and keep is not None and lend >= (1 - self.p.band) * keep:
+            return False
+        margin = self.p.band if self._round_trip_measured else UNMEASURED_GAIN
+        splits = range(1, num_devices)
+        best_lend = min(self._stream_s0(r, num_devices, True) for r in splits)
+        best_keep = min(self._stream_s0(r, num_devices, False) for r in splits)
+        return best_lend < (1 - margin) * best_keep
+
+    def _measure_mode(self, view: RunView) -> None:
+        """Staleness 0: the previous step's duration (step start to step start), filed under
+        whether it lent its engines at rollout end."""
+        prev = self._step_start_s.get(view.step - 1)
+        self._step_start_s[view.step] = view.now_s
+        if prev is None or view.staleness != 0:
+            return
+        lent = (view.step - 1) in self._lent_at_end
+        self._mode_step_s[lent] = _ema(self._mode_step_s.get(lent), view.now_s - prev,
+                                       self.p.ema)
 
     def _stream_s0(self, num_rollout: int, num_devices: int, end_release: bool) -> float:
         """Staleness 0, streaming: the step with or without lending every engine but one to
@@ -128,31 +158,42 @@ class HysteresisController:
     # ------------------------------------------------------------------ decisions
     def at_step_start(self, view: RunView) -> list[Move]:
         self._update(view)
-        self._round_trip_s = self._cost_s(view)
+        self._measure_mode(view)
+        walls = sorted(view.resize_wall_s[-8:])
+        self._round_trip_measured = bool(walls)
+        self._round_trip_s = walls[len(walls) // 2] if walls else self._cost_s(view)
         self._tail_start_s = None
         alloc = view.allocation
         n, r = alloc.num_devices, len(alloc.rollout)
         returning = self._released.pop(view.step - 1, 0)
+        # Staleness 0: nothing trains between two steps, so the split changes before the
+        # rollout starts (it then runs, and is measured, at its full width).
+        blocking = view.staleness == 0
         if self.bulk_dev_s is None or self.train_dev_s is None or view.num_pending_resizes:
-            return [Move("train->rollout", returning)] if returning else []
+            return [Move("train->rollout", returning, blocking)] if returning else []
         base = r + returning  # the split before the tail release
+        was_ok = self._lend_ok
+        self._lend_ok = view.staleness == 0 and self.streams_training and \
+            self.p.release_tail and self._lending_pays(n)
         best = min(range(1, n), key=lambda k: (self.predict_step_s(k, n, view.staleness),
                                                abs(k - base)))
         now_s = self.predict_step_s(base, n, view.staleness)
         gain_s = now_s - self.predict_step_s(best, n, view.staleness)
-        dwell_ok = view.step - self._last_change_step >= self.p.min_dwell_steps
+        # a change of lending mode re-plans the split at once (it was chosen for the mode)
+        dwell_ok = (view.step - self._last_change_step >= self.p.min_dwell_steps
+                    or was_ok != self._lend_ok)
         worth = (gain_s > self.p.band * now_s and
                  gain_s * self.p.horizon_steps > self.p.cost_margin * self._cost_s(view))
         target = best if (dwell_ok and worth) else base
         if target != base:
             self._last_change_step = view.step
-        return self._moves_to(r, target)
+        return self._moves_to(r, target, blocking)
 
-    def _moves_to(self, num_rollout: int, target: int) -> list[Move]:
+    def _moves_to(self, num_rollout: int, target: int, blocking: bool = False) -> list[Move]:
         if target > num_rollout:
-            return [Move("train->rollout", target - num_rollout)]
+            return [Move("train->rollout", target - num_rollout, blocking)]
         if target < num_rollout:
-            return [Move("rollout->train", num_rollout - target)]
+            return [Move("rollout->train", num_rollout - target, blocking)]
         return []
 
     def on_rollout_progress(self, view: RunView) -> list[Move]:
@@ -193,14 +234,14 @@ class HysteresisController:
         if (not self.streams_training or not self.p.release_tail or view.staleness != 0 or
                 r <= 1 or view.num_pending_resizes or self.train_dev_s is None):
             return []
-        n, t = view.allocation.num_devices, len(view.allocation.train)
-        base = r + self._released.get(view.step, 0)
-        if self.bulk_dev_s is None or not self._end_release_pays(base, n):
+        t = len(view.allocation.train)
+        if self.bulk_dev_s is None or not self._lend_ok:
             return []
         todo_dev_s = view.train_todo * self.train_dev_s
         gain_s = todo_dev_s / t - todo_dev_s / (t + r - 1)
-        if gain_s < self.p.cost_margin * 2 * self._cost_s(view):
+        if gain_s < self.p.cost_margin * 2 * self._round_trip_s:
             return []
+        self._lent_at_end.add(view.step)
         self._released[view.step] = self._released.get(view.step, 0) + r - 1
         return [Move("rollout->train", r - 1)]
 

@@ -123,6 +123,7 @@ class Orchestrator:
         self._leaving: set[int] = set()
         """rollout → train devices stopped by a resize in progress: no new rollout work."""
         self._resize_critical_s: list[float] = []
+        self._resize_wall_s: list[float] = []
         self._rollout_started_s = 0.0
         self._train_lock = asyncio.Lock()
         self._optimizer_step = 0
@@ -305,6 +306,7 @@ class Orchestrator:
                        rollout_finished=run.num_finished if run else 0,
                        rollout_started_s=self._rollout_started_s,
                        history=self.history, resize_critical_s=self._resize_critical_s,
+                       resize_wall_s=self._resize_wall_s,
                        num_pending_resizes=self._num_pending_resizes,
                        train_busy=self._train_lock.locked(),
                        train_todo=self._train_todo())
@@ -434,7 +436,9 @@ class Orchestrator:
             try:
                 if self.recovery is not None:
                     await self.recovery.repair()
+                t_resize = self.clock.now()
                 report = await self.executor.execute(plan, self._optimizer_step)
+                t_resize = self.clock.now() - t_resize
             except Exception as exc:  # the rollback itself met a dead device
                 self._serving_early -= set(plan.to_rollout)
                 if self.recovery is None or not self.recovery.find_dead(f"died in resize "
@@ -449,6 +453,7 @@ class Orchestrator:
             if report.ok:
                 self.allocation = plan.target
                 self._resize_critical_s.append(report.critical_path_s)
+                self._resize_wall_s.append(t_resize)
                 self._resizes_in_step[step] = self._resizes_in_step.get(step, 0) + 1
             self.resizes.append(report)
             return report
