@@ -16,11 +16,13 @@
 - The rollout loop consumes prompt batches (seeded, a function of (seed, step)), waits for the
   policy version its step needs (staleness `s`: 0 = on-policy, 1 = one-step-off; fixed, not
   "up to s"), and produces the step's completed, rewarded samples.
-- The train loop consumes a step's samples once every group is complete, waits for nothing else,
-  and unblocks the rollout of step k + 1 + s by publishing version k + 1.
-- Resizes (forced by `[[resize.schedule]]`, or decided by a controller) run at an
-  optimizer-step boundary: they hold the train lock, so the training group never changes inside
-  a step. A rollout device that leaves mid-step exports its requests, which finish elsewhere.
+- The train loop (`orchestrator_train`) consumes a step's samples once every group is
+  complete, or, streaming (`dynaresize.stream`), its micro-batches as their groups complete;
+  it unblocks the rollout of step k + 1 + s by publishing version k + 1.
+- Resizes (`orchestrator_resize`; forced by `[[resize.schedule]]`, or decided by a controller)
+  hold the train lock: a plain training step never sees its group change; a streamed one only
+  between micro-batches, and the optimizer step combines them in order whichever device held
+  them. A rollout device that leaves mid-step exports its requests, which finish elsewhere.
 - Shutdown: on success both loops return after `run.steps`; on failure the first exception
   cancels the other loop, the run directory keeps every record already written, and the
   exception propagates to the caller, which owns (and stops) the devices.
@@ -37,16 +39,16 @@ from typing import Any, Protocol
 from dynaresize.allocation import Allocation
 from dynaresize.config import Config
 from dynaresize.controller import Controller, RunView, StepTiming, make_controller
+from dynaresize.orchestrator_resize import ResizeHooks
+from dynaresize.orchestrator_train import TrainLoop
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.resize.executor import ResizeExecutor, ResizeReport
-from dynaresize.resize.planner import Op, plan_resize, target_allocation
+from dynaresize.resize.planner import Op
 from dynaresize.rollout.scheduler import RolloutRun
 from dynaresize.rundir import RunDir
 from dynaresize.samples import StepSamples, assemble_step
 from dynaresize.stream import Holdings, StepStream
-from dynaresize.stream_train import accumulate, finish
 from dynaresize.timeline import bubble_fraction
-from dynaresize.train.batching import global_num_tokens, plan_step
 from dynaresize.types import Completion, RequestSpec, request_seed
 
 
@@ -88,7 +90,7 @@ class VersionStore:
         return self._handles[version]
 
 
-class Orchestrator:
+class Orchestrator(TrainLoop, ResizeHooks):
     def __init__(self, cfg: Config, devices: Sequence[Device], clock: Clock,
                  source: PromptSource, rundir: RunDir,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
@@ -285,18 +287,6 @@ class Orchestrator:
         return (not getattr(self.controller, "needs_progress", True) and self.injector is None
                 and self._num_pending_resizes == 0 and not self.streaming)
 
-    def _resize_soon(self, move: str, num_devices: int, step: int) -> asyncio.Future[Any]:
-        """Start a resize in the background (it waits for the next optimizer-step boundary)."""
-        self._num_pending_resizes += 1
-
-        async def go() -> None:
-            try:
-                await self.resize(move, num_devices, step)
-            finally:
-                self._num_pending_resizes -= 1
-
-        return asyncio.ensure_future(go())
-
     def view(self) -> RunView:
         """What controllers decide from (its lists are the orchestrator's: read-only)."""
         run = self._run
@@ -321,168 +311,6 @@ class Orchestrator:
         for d in stale:
             self.engine_version[d.index] = version
             self.rundir.event(t0, t1, d.index, "load_weights", critical=True, version=version)
-
-    async def _train_loop(self) -> None:
-        """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
-        cfg = self.cfg
-        prev_end_s = self.t_start_s
-        for step in range(self.start_step, cfg.run.steps):
-            stream, holdings = None, Holdings()
-            accumulated_s = 0.0
-            if self.streaming:
-                stream = await self._stream_future(step)
-                self._holdings = (holdings, stream)
-                try:
-                    accumulated_s = await accumulate(self, step, stream, holdings,
-                                                     self._stream_changed)
-                except Exception:
-                    if self.recovery is None or not self.recovery.find_dead(
-                            f"died in train step {step}"):
-                        raise
-                    stream = None  # the plain path below reruns the step after the repair
-            got = await self._future(step)
-            async with self._train_lock:
-                t0 = self.clock.now()  # streaming: train_s is what the rollout end waits for
-                while True:  # a device death mid-step: recover, then rerun the step
-                    try:
-                        if self.recovery is not None:
-                            await self.recovery.repair()
-                        trainers = self._train_devices()
-                        if stream is not None:
-                            stats, t1, handles, finish_s = await finish(
-                                self, trainers, step, stream, holdings,
-                                global_num_tokens(got.samples))
-                            train_device_s = accumulated_s + finish_s
-                        else:
-                            stats, t1, handles = await self._train_once(trainers, step, got,
-                                                                        True)
-                            train_device_s = (self.clock.now() - t0) * len(trainers)
-                        break
-                    except Exception:
-                        if self.recovery is None or not self.recovery.find_dead(
-                                f"died in train step {step}"):
-                            raise
-                        stream = None  # rerun the whole step the plain way
-                t2 = self.clock.now()
-                self._optimizer_step += 1
-                if self.recovery is not None:
-                    self.recovery.retain(step, got)
-                if self.checkpointer is not None and self.checkpointer.due(step + 1):
-                    await self.versions.publish(step + 1, handles[0])
-                    train_path = await self.checkpointer.save(self, step + 1)
-                    if self.recovery is not None:
-                        self.recovery.checkpointed(step + 1, train_path)
-            for d in trainers:
-                if stream is None:  # streaming wrote one event per round
-                    self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
-                self.rundir.event(t1, t2, d.index, "weight_sync", critical=True, step=step)
-            await self.versions.publish(step + 1, handles[0])
-            del self._samples[step]
-            self._streams.pop(step, None)
-            record = {
-                "step": step, "reward_mean": round(got.reward_mean, 6),
-                "rollout_s": round(got.rollout_s, 4), "train_s": round(t2 - t0, 4),
-                "step_s": round(t2 - prev_end_s, 4),
-                "num_rollout_devices": len(self.allocation.rollout),
-                "num_train_devices": len(self.allocation.train),
-                "num_resizes": self._resizes_in_step.get(step, 0),
-                "tokens": got.num_tokens, "policy_version": got.version,
-                "loss": round(float(stats[0].get("loss", 0.0)), 6),
-            }
-            prev_end_s = t2
-            self._train_end_s.append(t2)
-            self.history.append(StepTiming(
-                step, got.rollout_s, t2 - t0, got.num_tokens,
-                self._rollout_width.pop(step, len(self.allocation.rollout)), len(trainers),
-                train_device_s))
-            self.rundir.metric(record)
-            self.on_step(record)
-
-    async def _train_once(self, trainers: list[Device], step: int, got: StepSamples,
-                          publish: bool = False) -> tuple[list[dict[str, float]], float, list]:
-        """One optimizer step of `step` on `trainers` (+ the weight gather if `publish`);
-        returns (stats, time training ended, handles). Also replays steps after a fault."""
-        plan = plan_step(got.samples, self.cfg.train.micro_batch_size, len(trainers))
-        global_tokens = global_num_tokens(got.samples)
-        train = asyncio.gather(*(d.train_step(step, plan[r], global_tokens)
-                                 for r, d in enumerate(trainers)))
-        if publish and self.injector is not None:
-            await self.injector.during_train(step)
-        stats = await train
-        t1 = self.clock.now()
-        handles = list(await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers))) \
-            if publish else []
-        return list(stats), t1, handles
-
-    # ------------------------------------------------------------------ resizing
-    async def resize(self, move: str, num_devices: int, step: int) -> ResizeReport | None:
-        """Move `num_devices` devices (`move`: 'rollout->train' | 'train->rollout') at the next
-        optimizer-step boundary; on failure the old allocation stays and the run goes on.
-        Returns None (and counts it as skipped) if the move would now empty a pool, e.g.
-        because an earlier forced resize was rolled back."""
-        self.resizes_waiting += 1
-        self._stream_changed.set()  # streaming training yields the boundary
-        try:
-            await self._train_lock.acquire()
-        finally:
-            self.resizes_waiting -= 1
-        try:
-            try:
-                target = target_allocation(self.allocation, move, num_devices)
-            except ValueError as exc:
-                self.skipped_resizes.append(f"step {step}: {exc}")
-                return None
-            plan = plan_resize(self.allocation, target)
-            try:
-                if self.recovery is not None:
-                    await self.recovery.repair()
-                t_resize = self.clock.now()
-                report = await self.executor.execute(plan, self._optimizer_step)
-                t_resize = self.clock.now() - t_resize
-            except Exception as exc:  # the rollback itself met a dead device
-                self._serving_early -= set(plan.to_rollout)
-                if self.recovery is None or not self.recovery.find_dead(f"died in resize "
-                                                                        f"at step {step}"):
-                    raise
-                report = ResizeReport(self.executor.num_resizes - 1, False, 0.0, 0.0, 0.0,
-                                      error=f"{type(exc).__name__}: {exc}"[:300])
-            if self.recovery is not None and self.recovery.find_dead(f"resize at step {step}"):
-                await self.recovery.repair()
-            self._serving_early -= set(plan.to_rollout)
-            self._leaving -= set(plan.to_train)
-            if report.ok:
-                self.allocation = plan.target
-                self._resize_critical_s.append(report.critical_path_s)
-                self._resize_wall_s.append(t_resize)
-                self._resizes_in_step[step] = self._resizes_in_step.get(step, 0) + 1
-            self.resizes.append(report)
-            return report
-        finally:
-            self._train_lock.release()
-
-    async def stop_admission(self, device: Device) -> None:
-        self._leaving.add(device.index)
-        if self._run is not None:
-            await self._run.stop_admission(device)
-
-    def requeue(self, device: Device, exported: list[Any]) -> None:
-        if self._run is not None:
-            self._run.requeue(device, exported)
-        else:
-            assert not exported, "requests in flight outside a rollout step"
-
-    def start_serving(self, device: Device) -> None:
-        self._leaving.discard(device.index)
-        self.engine_version[device.index] = self._served_version
-        if device.index not in self.allocation.rollout:
-            self._serving_early.add(device.index)
-        if self._run is not None:
-            self._run.add_devices([device])
-
-    def current_weights(self) -> tuple[int, WeightHandle]:
-        version = min(self._rollout_version, self.versions.latest)
-        self._served_version = version
-        return version, self.versions.get(version)
 
     # ------------------------------------------------------------------ end
     async def _finish(self) -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""The orchestrator's side of resizing (a mixin of `Orchestrator`; see `resize.executor`).
+
+`resize(move, n, step)` waits for the optimizer-step boundary (the train lock; streaming
+training yields it between micro-batches), plans the move, runs it through the executor and,
+if it committed, installs the new allocation. `_resize_soon` starts one in the background.
+The executor calls back into `stop_admission`, `requeue`, `start_serving` and
+`current_weights` to take rollout devices out of, and put them into, the running rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from dynaresize.resize.executor import ResizeReport
+from dynaresize.resize.planner import plan_resize, target_allocation
+
+if TYPE_CHECKING:
+    from dynaresize.protocols import Device, WeightHandle
+
+
+class ResizeHooks:
+    """Mixin: needs the `Orchestrator` state (allocation, executor, the train lock, the
+    running rollout, versions, recovery)."""
+
+    def _resize_soon(self, move: str, num_devices: int, step: int) -> asyncio.Future[Any]:
+        """Start a resize in the background (it waits for the next optimizer-step boundary)."""
+        self._num_pending_resizes += 1
+
+        async def go() -> None:
+            try:
+                await self.resize(move, num_devices, step)
+            finally:
+                self._num_pending_resizes -= 1
+
+        return asyncio.ensure_future(go())
+
+    async def resize(self, move: str, num_devices: int, step: int) -> ResizeReport | None:
+        """Move `num_devices` devices (`move`: 'rollout->train' | 'train->rollout') at the next
+        optimizer-step boundary; on failure the old allocation stays and the run goes on.
+        Returns None (and counts it as skipped) if the move would now empty a pool, e.g.
+        because an earlier forced resize was rolled back."""
+        self.resizes_waiting += 1
+        self._stream_changed.set()  # streaming training yields the boundary
+        try:
+            await self._train_lock.acquire()
+        finally:
+            self.resizes_waiting -= 1
+        try:
+            try:
+                target = target_allocation(self.allocation, move, num_devices)
+            except ValueError as exc:
+                self.skipped_resizes.append(f"step {step}: {exc}")
+                return None
+            plan = plan_resize(self.allocation, target)
+            try:
+                if self.recovery is not None:
+                    await self.recovery.repair()
+                t_resize = self.clock.now()
+                report = await self.executor.execute(plan, self._optimizer_step)
+                t_resize = self.clock.now() - t_resize
+            except Exception as exc:  # the rollback itself met a dead device
+                self._serving_early -= set(plan.to_rollout)
+                if self.recovery is None or not self.recovery.find_dead(f"died in resize "
+                                                                        f"at step {step}"):
+                    raise
+                report = ResizeReport(self.executor.num_resizes - 1, False, 0.0, 0.0, 0.0,
+                                      error=f"{type(exc).__name__}: {exc}"[:300])
+            if self.recovery is not None and self.recovery.find_dead(f"resize at step {step}"):
+                await self.recovery.repair()
+            self._serving_early -= set(plan.to_rollout)
+            self._leaving -= set(plan.to_train)
+            if report.ok:
+                self.allocation = plan.target
+                self._resize_critical_s.append(report.critical_path_s)
+                self._resize_wall_s.append(t_resize)
+                self._resizes_in_step[step] = self._resizes_in_step.get(step, 0) + 1
+            self.resizes.append(report)
+            return report
+        finally:
+            self._train_lock.release()
+
+    async def stop_admission(self, device: Device) -> None:
+        self._leaving.add(device.index)
+        if self._run is not None:
+            await self._run.stop_admission(device)
+
+    def requeue(self, device: Device, exported: list[Any]) -> None:
+        if self._run is not None:
+            self._run.requeue(device, exported)
+        else:
+            assert not exported, "requests in flight outside a rollout step"
+
+    def start_serving(self, device: Device) -> None:
+        self._leaving.discard(device.index)
+        self.engine_version[device.index] = self._served_version
+        if device.index not in self.allocation.rollout:
+            self._serving_early.add(device.index)
+        if self._run is not None:
+            self._run.add_devices([device])
+
+    def current_weights(self) -> tuple[int, WeightHandle]:
+        version = min(self._rollout_version, self.versions.latest)
+        self._served_version = version
+        return version, self.versions.get(version)
