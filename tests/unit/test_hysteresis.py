@@ -78,3 +78,32 @@ def test_no_tail_release_at_staleness_1() -> None:
     v = view(1, Allocation.initial(6, 2), [], staleness=1, rollout_total=64,
              rollout_finished=62)
     assert ctl.on_rollout_progress(v) == []
+
+
+def test_lending_at_rollout_end_stops_once_measured_slower() -> None:
+    """Staleness 0, streaming: lending every engine but one at rollout end is tried only when
+    predicted to pay by far, and dropped (with the split it was chosen for) once the measured
+    step time with lending is not better than without."""
+    ctl = HysteresisController(HysteresisParams(cost_margin=1.0, min_dwell_steps=5))
+    ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 5.0, 800.0, 300.0
+    ctl._seen_steps = 1
+    hist = [timing(0, 100.0, 100.0, 4, 4)]
+    walls = [1.0]
+
+    def at(step: int, now_s: float, alloc: Allocation) -> list[tuple[str, int]]:
+        v = RunView(step=step, now_s=now_s, allocation=alloc, staleness=0, history=hist,
+                    resize_wall_s=walls, resize_critical_s=walls)
+        return [(m.move, m.num_devices) for m in ctl.at_step_start(v)]
+
+    at(1, 0.0, Allocation.initial(4, 4))
+    assert ctl._lend_ok                      # training-heavy: lending predicted to pay
+    end = RunView(step=1, now_s=50.0, allocation=Allocation.initial(4, 4), staleness=0,
+                  history=hist, resize_wall_s=walls, train_todo=0.8)
+    assert [(m.move, m.num_devices) for m in ctl.at_rollout_end(end)] == [("rollout->train", 3)]
+    # step 1 (lent) measured at 300 s; step 2 (not lent) at 100 s: lending stops
+    ctl._mode_step_s[False] = 100.0
+    at(2, 300.0, Allocation.initial(1, 7))
+    assert not ctl._lend_ok
+    end2 = RunView(step=2, now_s=350.0, allocation=Allocation.initial(4, 4), staleness=0,
+                   history=hist, resize_wall_s=walls, train_todo=0.8)
+    assert ctl.at_rollout_end(end2) == []
