@@ -182,6 +182,9 @@ def summary_text(path: Path, metrics: list[dict], events: list[dict],
         return float(np.mean([m[key] for m in metrics])) if metrics else 0.0
 
     last_reward = metrics[-1]["reward_mean"] if metrics else 0.0
+    num_devices = 1 + max((e["device"] for e in events), default=-1)
+    idle_per_step_s = (summary.get("bubble_fraction", 0.0) * num_devices
+                       * summary.get("wall_s", 0.0) / max(1, len(metrics)))
     resizes = [e for e in events if e["kind"] == "resize"]
     by_index = {e.get("resize"): e for e in resizes}
     crit = [e.get("critical_path_s", 0.0) for e in by_index.values() if e.get("ok", True)]
@@ -194,6 +197,8 @@ def summary_text(path: Path, metrics: list[dict], events: list[dict],
              f"{np.percentile([m['step_s'] for m in metrics], 99) if metrics else 0.0:.3f} s",
              f"bubble fraction: {summary.get('bubble_fraction', 0.0):.1%}   "
              f"mean busy devices (utilisation plot): {busy_fraction:.1%}",
+             f"idle device-seconds per step (could be handed back to the cluster): "
+             f"{idle_per_step_s:.1f}",
              f"resizes: {summary.get('num_resizes', len(crit))} ok, "
              f"{sum(not e.get('ok', True) for e in by_index.values())} failed; "
              f"mean critical path {np.mean(crit) if crit else 0.0:.3f} s",

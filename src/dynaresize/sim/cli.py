@@ -17,7 +17,9 @@ from dynaresize.cli import UsageError
 TABLE_COLUMNS = (("policy", "policy", "{}"), ("split", "split R/T", "{}"),
                  ("mean_step_s", "mean step s", "{:.2f}"), ("p99_step_s", "p99 step s", "{:.2f}"),
                  ("samples_per_s", "samples/s", "{:.2f}"), ("tokens_per_s", "tokens/s", "{:.0f}"),
-                 ("bubble_fraction", "bubble", "{:.1%}"), ("num_resizes", "resizes", "{}"))
+                 ("bubble_fraction", "bubble", "{:.1%}"),
+                 ("idle_device_s_per_step", "idle dev-s/step", "{:.0f}"),
+                 ("num_resizes", "resizes", "{}"))
 
 
 def _split_text(split: Any) -> str:

@@ -131,6 +131,7 @@ def oracle_result(steps: list[OracleStep]) -> dict[str, object]:
         "samples_per_s": sum(s.num_samples for s in steps) / total_s,
         "tokens_per_s": sum(s.num_response_tokens for s in steps) / total_s,
         "bubble_fraction": 0.0,
+        "idle_device_s_per_step": 0.0,
         "num_resizes": 0,
         "tail_bound_steps": num_tail,
         "work_bound_steps": len(steps) - num_tail,
