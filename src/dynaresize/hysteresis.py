@@ -5,23 +5,29 @@ and in the simulator.
 
 Estimates, from the run's own measurements (exponential moving averages):
 - rollout of a step = *bulk* + *tail*: the bulk lasts until the remaining requests would fill
-  every engine only lightly (`tail_batch` each; device-seconds `bulk_dev_s` scale as 1/R), the
-  tail is the rest (bounded by the longest requests, `tail_s`, independent of R);
-- training = `train_dev_s` device-seconds (scales as 1/T);
-- resize cost = the measured critical-path time of past resizes.
+  every engine only lightly (`tail_batch` each; device-seconds `bulk_dev_s` scale as 1/R, R the
+  width the rollout started with), the tail is the rest (`tail_s`, independent of R);
+- training = `train_dev_s` device-seconds actually trained (streaming: without the waits for
+  groups; scales as 1/T);
+- resize cost = the measured critical-path and wall times of past resizes;
+- staleness 0: the measured step time with and without lending engines at rollout end.
 
-Decisions:
-- inter-step (`at_step_start`): the split R that minimises the predicted step time
-  (staleness 1: max(rollout, train), the stages overlap; staleness 0: rollout + train), applied
-  only if it beats the current split by more than the hysteresis `band`, the expected saving over
-  `horizon_steps` exceeds `cost_margin` × the resize cost, and the last change is at least
-  `min_dwell_steps` old. Devices released in the previous tail come back here.
-- intra-step (`on_rollout_progress`): once the remaining requests fit on fewer engines at
-  `tail_batch` each (long requests stay on lightly loaded engines: decode time grows with batch),
-  release the idle rollout devices to training — if the tail is predicted to last long enough
-  and the next training step gains more than the round trip (release + return) costs. Only at
-  staleness 0: at staleness 1 the training step that runs during the tail cannot grow (groups
-  change only at optimizer-step boundaries), so the inter-step split does the balancing.
+Decisions (streaming training on, `streams_training`: the orchestrator trains each step's
+micro-batches as their groups complete, see `dynaresize.stream`):
+- inter-step (`at_step_start`): the split R that minimises the predicted step time, applied
+  only if it beats the current split by more than the hysteresis `band`, the expected saving
+  over `horizon_steps` exceeds `cost_margin` x the resize cost, and the last change is at least
+  `min_dwell_steps` old (or the lending mode just changed). Staleness 1: max(rollout, train),
+  the stages overlap. Staleness 0: the trainers stream through about half of the bulk's groups
+  and the released engines through the tail; the rest follows the rollout, on the trainers, or
+  on every device when lending at rollout end pays (`_lending_pays`). Devices released in the
+  previous step come back here (blocking at staleness 0, before the rollout starts).
+- intra-step, staleness 0 (`on_rollout_progress`): once the remaining requests fit on fewer
+  engines at `tail_batch` each, release the surplus engines to training in waves (each at
+  least a quarter of the engines; the next after the previous one applied) while the tail is
+  predicted to outlast `cost_margin` resizes; `at_rollout_end`: lend every engine but one.
+  At staleness 1 the released tail engines measured slower than keeping them (they come back
+  at the next step start, right when the next rollout needs them), so the split does it.
 """
 
 from __future__ import annotations
