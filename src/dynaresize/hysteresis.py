@@ -223,6 +223,10 @@ class HysteresisController:
         if release <= 0 or (streaming and release < max(1, r // 4)):
             return []
         cost_s = self._cost_s(view)
+        if not view.resize_wall_s and view.history:  # cost unknown: only a long tail may try
+            last = view.history[-1]
+            cost_s = max(cost_s, UNMEASURED_GAIN * (last.rollout_s + last.train_s)
+                         / self.p.cost_margin)
         tail_left_s = self.tail_s - (view.now_s - self._tail_start_s)
         t = len(view.allocation.train)
         train_gain_s = self.train_dev_s / t - self.train_dev_s / (t + release)
