@@ -1,12 +1,15 @@
 """Wall time of the digital twin versus requests x steps (the scaling table of README).
 
     python bench/sim_scaling.py            # the table: one orchestrator run per cell
-    python bench/sim_scaling.py --full     # also every policy at 1024 GPUs, 8192 x 50
+    python bench/sim_scaling.py --full     # also every policy at 1024 GPUs, 8192 x 50,
+                                           # staleness 1 and 0 (issue 4: under 60 s each)
 
 Each cell runs the unchanged orchestrator on 1024 SimDevices (dapo-7b, h100-7b, static split
 at 7/8 rollout) for `steps` steps of `requests` requests, on one core, and prints wall
 and CPU seconds (on a shared machine CPU time is what one dedicated core would take) and CPU
-microseconds per request-step (flat = linear in requests x steps).
+microseconds per request-step (flat = linear in requests x steps). `--full` runs
+`simulate` (every default policy; the static split searched) and prints each policy's
+results and what it cost (the split search separately), as markdown tables.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dynaresize.sim.run import run_static, simulate
 from dynaresize.sim.workloads import get_workload
 
 GPUS = 1024
+CELLS = ((1024, 10), (2048, 10), (4096, 10), (8192, 10), (8192, 20), (8192, 50), (16384, 10),
+         (16384, 25))
 
 
 def cell_s(requests: int, steps: int) -> tuple[float, float]:
@@ -30,28 +35,46 @@ def cell_s(requests: int, steps: int) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def full(staleness: int, steps: int = 50) -> None:
+    """Every default policy at 1024 GPUs x 8192 requests x `steps` steps."""
+    wl = get_workload("dapo-7b", requests_per_step=8192)
+    timings: dict[str, tuple[float, float]] = {}
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = simulate(wl, GPUS, steps=steps, staleness=staleness, timings=timings)
+    total_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    print(f"\nstaleness {staleness}: 1024 GPUs x 8192 requests x {steps} steps\n")
+    print("| policy | split R/T | mean step s | p99 step s | bubble | resizes | wall s | CPU s |")
+    print("|---|---|---|---|---|---|---|---|")
+    if "search" in timings:
+        wall, cpu = timings["search"]
+        print(f"| (split search) | – | – | – | – | – | {wall:.1f} | {cpu:.1f} |")
+    for r in out["results"]:
+        split = f"{r['split']['rollout']}/{r['split']['train']}" if r["split"] else "–"
+        wall, cpu = timings[r["policy"]]
+        print(f"| {r['policy']} | {split} | {r['mean_step_s']:.1f} | {r['p99_step_s']:.1f} | "
+              f"{r['bubble_fraction']:.1%} | {r['num_resizes']} | {wall:.1f} | {cpu:.1f} |")
+    print(f"| **all policies** | | | | | | **{total_s:.1f}** | **{cpu_s:.1f}** |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="also time every policy at "
                         "1024 GPUs x 8192 requests x 50 steps")
+    parser.add_argument("--staleness", type=int, nargs="*", default=[1, 0],
+                        help="staleness values for --full (default: 1 0)")
+    parser.add_argument("--no-table", action="store_true", help="skip the scaling table")
     args = parser.parse_args()
-    print("| requests/step | steps | requests x steps | wall s | CPU s | µs CPU per request-step |")
-    print("|---|---|---|---|---|---|")
-    for requests, steps in ((1024, 10), (2048, 10), (4096, 10), (8192, 10), (8192, 20),
-                            (8192, 50), (16384, 10)):
-        wall_s, cpu_s = cell_s(requests, steps)
-        print(f"| {requests} | {steps} | {requests * steps} | {wall_s:.2f} | {cpu_s:.2f} | "
-              f"{1e6 * cpu_s / (requests * steps):.1f} |", flush=True)
+    if not args.no_table:
+        print("| requests/step | steps | requests x steps | wall s | CPU s | "
+              "µs CPU per request-step |")
+        print("|---|---|---|---|---|---|")
+        for requests, steps in CELLS:
+            wall_s, cpu_s = cell_s(requests, steps)
+            print(f"| {requests} | {steps} | {requests * steps} | {wall_s:.2f} | {cpu_s:.2f} | "
+                  f"{1e6 * cpu_s / (requests * steps):.1f} |", flush=True)
     if args.full:
-        wl = get_workload("dapo-7b", requests_per_step=8192)
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = simulate(wl, GPUS, steps=50)
-        total_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-        for r in out["results"]:
-            print(f"{r['policy']:10s} split {r['split']} mean step {r['mean_step_s']:.1f} s "
-                  f"p99 {r['p99_step_s']:.1f} s bubble {r['bubble_fraction']:.1%} "
-                  f"resizes {r['num_resizes']}")
-        print(f"all policies: {total_s:.1f} s wall, {cpu_s:.1f} s CPU")
+        for staleness in args.staleness:
+            full(staleness)
 
 
 if __name__ == "__main__":

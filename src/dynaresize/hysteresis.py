@@ -233,6 +233,10 @@ class HysteresisController:
         if tail_left_s < self.p.cost_margin * cost_s or (
                 not streaming and train_gain_s < self.p.cost_margin * 2 * cost_s):
             return []
+        # Streaming: more trainers help only if the training still to do would outlast the
+        # tail (otherwise moving engines just migrates the tail's requests and slows it).
+        if streaming and view.train_todo * self.train_dev_s / t <= tail_left_s:
+            return []
         self._released[view.step] = self._released.get(view.step, 0) + release
         self._tail_target[view.step] = r - release  # the next wave waits for this one
         return [Move("rollout->train", release)]

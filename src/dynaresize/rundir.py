@@ -7,6 +7,7 @@ everything it finished.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -77,9 +78,10 @@ class RunDir:
                       "t_end": round(t_end + self.t_offset_s, 6)}
         self._write("events", record)
 
-    def samples(self, records: list[dict[str, Any]]) -> None:
-        for record in records:
-            self._write("samples", record)
+    def samples(self, records: Sequence[dict[str, Any]]) -> None:
+        if "samples" in self._files:  # in memory: only counted (records may be built lazily)
+            for record in records:
+                self._write("samples", record)
         self.num_samples += len(records)
 
     def summary(self, record: dict[str, Any]) -> None:

@@ -32,17 +32,21 @@ async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: 
     it sets `changed` too). Returns the device-seconds spent."""
     taken: set[int] = set()
     busy_s = [0.0]
+    cursor = [0]  # stream.ready[:cursor] is held or taken (both only grow within a session)
 
     async def pull(device: Device) -> None:
         while not stop():
-            todo = [m for m in holdings.todo(stream.ready) if m not in taken]
-            if not todo:
+            ready, i = stream.ready, cursor[0]
+            while i < len(ready) and (ready[i] in holdings.held_by or ready[i] in taken):
+                i += 1
+            cursor[0] = i
+            if i == len(ready):  # nothing ready and unheld (was: a scan of all of `ready`)
                 if stream.complete:
                     return
                 changed.clear()
                 await changed.wait()
                 continue
-            m = todo[0]
+            m = ready[i]
             taken.add(m)
             t0 = orch.clock.now()
             await device.train_accumulate(step, [(m, stream.micro_batch(m))])

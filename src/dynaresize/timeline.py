@@ -14,11 +14,19 @@ def bubble_fraction(events: list[dict[str, Any]], t0: float, t1: float,
     if span <= 0 or num_devices <= 0:
         return 0.0
     per_device: dict[int, list[tuple[float, float]]] = {}
+    busy_kind: dict[str, bool] = {}
     for e in events:
-        if e["kind"] in BUSY_KINDS or e["kind"].startswith("resize."):
+        kind = e["kind"]
+        busy = busy_kind.get(kind)
+        if busy is None:
+            busy = busy_kind[kind] = kind in BUSY_KINDS or kind.startswith("resize.")
+        if busy:
             a, b = max(t0, e["t_start"]), min(t1, e["t_end"])
             if b > a:
-                per_device.setdefault(e["device"], []).append((a, b))
+                intervals = per_device.get(e["device"])
+                if intervals is None:
+                    intervals = per_device[e["device"]] = []
+                intervals.append((a, b))
     busy = 0.0
     for intervals in per_device.values():
         intervals.sort()

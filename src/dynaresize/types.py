@@ -44,6 +44,15 @@ class RequestSpec:
     seed: int
     temperature: float = 1.0
 
+    def __init__(self, step: int, prompt: int, sample: int, version: int,
+                 prompt_tokens: tuple[int, ...], max_new_tokens: int, seed: int,
+                 temperature: float = 1.0) -> None:
+        # the dataclass's own frozen __init__ makes one object.__setattr__ call per field; one
+        # dict update is ~2x faster (a step builds one spec per request: 8192 in the twin)
+        self.__dict__.update(step=step, prompt=prompt, sample=sample, version=version,
+                             prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
+                             seed=seed, temperature=temperature)
+
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.step, self.prompt, self.sample)

@@ -53,8 +53,11 @@ def test_tail_release_at_staleness_0_and_return_next_step() -> None:
     busy = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=10,
                 resize_critical_s=[1.0])
     assert ctl.on_rollout_progress(busy) == []            # still in the bulk
+    keeps_up = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=62,
+                    resize_critical_s=[1.0], train_todo=0.1)
+    assert ctl.on_rollout_progress(keeps_up) == []        # the trainers finish within the tail
     tail = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=62,
-                resize_critical_s=[1.0])
+                resize_critical_s=[1.0], train_todo=0.9)
     moves = ctl.on_rollout_progress(tail)
     assert [(m.move, m.num_devices) for m in moves] == [("rollout->train", 4)]
     assert ctl.on_rollout_progress(tail) == []            # the next wave waits for this one

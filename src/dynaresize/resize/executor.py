@@ -129,7 +129,8 @@ class ResizeExecutor:
         """Run one op; return the bytes it moved."""
         kind = op.kind
         dev = self.devices[op.device] if op.device != GROUP else None
-        members = [self.devices[i] for i in sorted(set(plan.old_train) | set(plan.new_train))]
+        members = [self.devices[i] for i in sorted(set(plan.old_train) | set(plan.new_train))] \
+            if kind in ("reshard", "commit") else []  # O(N): only the group ops need them
         if kind == "stop_admission":
             await self.hooks.stop_admission(dev)
         elif kind == "export_inflight":

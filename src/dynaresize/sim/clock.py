@@ -29,7 +29,8 @@ import contextvars
 import heapq
 import itertools
 import selectors
-from collections.abc import Coroutine
+from asyncio import format_helpers
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -69,6 +70,17 @@ class VirtualClock:
         future: asyncio.Future[None] = loop.create_future()
         heapq.heappush(self._wakeups, (self._now_s + seconds, next(self._seq), future))
         await future
+
+    def after(self, seconds: float) -> Awaitable[None]:
+        """What `sleep(seconds)` does, as an awaitable without a coroutine frame (the hot path
+        of `SimDevice`): under this clock's loop, a future woken `seconds` from now (the same
+        wake-up order as `sleep`); elsewhere `asyncio.sleep`."""
+        loop = asyncio.get_running_loop()
+        if seconds <= 0 or getattr(loop, "_virtual_clock", None) is not self:
+            return asyncio.sleep(max(0.0, seconds))
+        future: asyncio.Future[None] = loop.create_future()
+        heapq.heappush(self._wakeups, (self._now_s + seconds, next(self._seq), future))
+        return future
 
     def next_wakeup_s(self) -> float | None:
         """Virtual time of the earliest pending `sleep` (cancelled ones dropped), or None."""
@@ -179,9 +191,14 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_clock._now_s
 
+    def set_debug(self, enabled: bool) -> None:
+        super().set_debug(enabled)
+        # every Future and Task asks `loop.get_debug()`: a C method-wrapper, not a Python call
+        self.get_debug = bool(enabled).__bool__  # type: ignore[method-assign]
+
     def call_soon(self, callback: Any, *args: Any,
                   context: contextvars.Context | None = None) -> asyncio.Handle:
-        if self._debug or self.is_closed():
+        if self._debug or self._closed:  # type: ignore[attr-defined]
             return super().call_soon(callback, *args, context=context)
         handle = _Handle(callback, args, self, context)
         self._ready.append(handle)  # type: ignore[attr-defined]
@@ -210,8 +227,20 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
             self._process_events(events)
         for _ in range(len(ready)):
             handle = ready.popleft()
-            if not handle._cancelled:
-                handle._run()
+            if handle._cancelled:
+                continue
+            try:  # `handle._run()` inlined (one frame less per callback), same error path
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                cb = format_helpers._format_callback_source(handle._callback, handle._args)
+                context = {"message": f"Exception in callback {cb}", "exception": exc,
+                           "handle": handle}
+                if handle._source_traceback:
+                    context["source_traceback"] = handle._source_traceback
+                self.call_exception_handler(context)
+        handle = None  # break cycles when an exception occurred
 
 
 def run_virtual(coro: Coroutine[Any, Any, T], start_s: float = 0.0) -> tuple[T, float]:

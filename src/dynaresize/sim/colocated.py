@@ -34,7 +34,7 @@ from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device import SimDevice, make_devices
 from dynaresize.sim.harness import SimPromptSource, SimRun, no_gc
 from dynaresize.timeline import bubble_fraction
-from dynaresize.train.batching import global_num_tokens, plan_step
+from dynaresize.train.batching import plan_step
 from dynaresize.types import Completion, RequestSpec, request_seed
 
 
@@ -90,10 +90,17 @@ async def _run(cfg: Config, devices: list[SimDevice], clock: VirtualClock,
         await clock.sleep(switch_s(costs, n, to_train=True))
         t1 = clock.now()
         plan = plan_step(got.samples, cfg.train.micro_batch_size, n)
-        tokens = global_num_tokens(got.samples)
-        await asyncio.gather(*(d.train_step(step, plan[r], tokens) for r, d in enumerate(devices)))
+        # every rank's `train_step`, then `publish_weights`, charged as those calls would be
+        # (all ranks start together, the step ends with the slowest), without N tasks each
+        train_s = [d.train_step_s(plan[r])[0] for r, d in enumerate(devices)]
+        for d, seconds in zip(devices, train_s):
+            d.busy_s += seconds
+        await clock.sleep(max(train_s))
         t2 = clock.now()
-        await asyncio.gather(*(d.publish_weights(step + 1) for d in devices))
+        for d in devices:
+            d.busy_s += costs.weight_sync_latency_s
+            d.version = step + 1
+        await clock.sleep(costs.weight_sync_latency_s)
         t3 = clock.now()
         for d in devices:
             rundir.event(t0, t1, d.index, "resize.to_train", critical=True)

@@ -169,6 +169,19 @@ class CostModel:
         object.__setattr__(self, "_hot", (
             self._mem_bytes_per_s(), self.model.kv_bytes_per_token, self.model.weight_bytes,
             2.0 * self.model.num_params / (self.gpu.bf16_flops_per_s * self.decode_mfu)))
+        object.__setattr__(self, "_span_terms", {})
+
+    def span_terms(self, b: int) -> tuple[float, float]:
+        """(compute seconds of one iteration at batch `b`, the KV context from which the memory
+        term binds): the batch-only parts of `_span_scalar_s`, cached (`SimDevice` inlines the
+        rest, with the same operations in the same order)."""
+        cache: dict[int, tuple[float, float]] = self._span_terms  # type: ignore[attr-defined]
+        got = cache.get(b)
+        if got is None:
+            bw, kv, w, comp_per_request_s = self._hot  # type: ignore[attr-defined]
+            comp_s = comp_per_request_s * b
+            got = cache[b] = (comp_s, (comp_s * bw - w) / kv)
+        return got
 
     def _span_scalar_s(self, n: int, b: int, c0: float) -> float:
         """`decode_span_s` for plain ints: the simulator's hot path, without numpy."""

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from dynaresize.protocols import Clock, WeightHandle
+from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.workloads import Workload
 from dynaresize.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
@@ -61,6 +63,28 @@ class _Req:
         self.live = False
 
 
+_MEMBERS: dict[int, tuple[Any, tuple[int, ...], frozenset[int]]] = {}
+
+
+def _members(members: Any) -> tuple[tuple[int, ...], frozenset[int]]:
+    """(sorted members, member set) of a member collection, computed once per object: a
+    resize hands every device the same tuple, so N devices cost O(N), not O(N^2). Only
+    tuples are cached (immutable)."""
+    if type(members) is not tuple:
+        return tuple(sorted(members)), frozenset(members)
+    got = _MEMBERS.get(id(members))
+    if got is None or got[0] is not members:
+        if len(_MEMBERS) >= 64:
+            _MEMBERS.clear()
+        got = _MEMBERS[id(members)] = (members, tuple(sorted(members)), frozenset(members))
+    return got[1], got[2]
+
+
+_PLANS: dict[tuple[int, int, int, int], tuple[Any, Any, CostModel,
+                                               tuple[float, dict[int, float]]]] = {}
+"""Reshard plans by (cost model, old members, new members, staging) object identity."""
+
+
 class Lengths:
     """A workload's lengths per step as Python lists (a list lookup costs a tenth of indexing
     a numpy array), for the last few steps; one table is shared by a run's devices."""
@@ -91,6 +115,8 @@ class SimDevice:
         self.workload = workload
         self._lengths = lengths if lengths is not None else Lengths(workload)
         self.clock = clock
+        self._wait = clock.after if isinstance(clock, VirtualClock) else clock.sleep
+        """`clock.sleep` (VirtualClock: its frame-less `after`)."""
         self.version = 0
         self.kv_capacity_tokens = costs.kv_capacity_tokens()
         self._waiting: deque[_Req] = deque()
@@ -100,7 +126,8 @@ class SimDevice:
         self._seq = itertools.count()
         self._iter = 0
         self._kv_tokens = 0
-        self._groups: set[tuple[int, ...]] = set()
+        self._groups: set[frozenset[int]] = set()
+        """Member sets this device has a communicator for (frozensets cache their hash)."""
         self._members: tuple[int, ...] = ()
         self._next_members: tuple[int, ...] = ()
         self.busy_s = 0.0
@@ -108,7 +135,7 @@ class SimDevice:
 
     async def _spend(self, seconds: float) -> None:
         self.busy_s += seconds
-        await self.clock.sleep(seconds)
+        await self._wait(seconds)
 
     async def start(self) -> None:
         return None
@@ -135,8 +162,10 @@ class SimDevice:
             if spec.step != step:
                 step = spec.step
                 responses, prompts = self._lengths(step)
-            target = min(responses[spec.prompt][spec.sample], spec.max_new_tokens)
-            waiting.append(_Req(spec, prompts[spec.prompt], max(1, target), done))
+            target = responses[spec.prompt][spec.sample]
+            if target > spec.max_new_tokens:
+                target = spec.max_new_tokens
+            waiting.append(_Req(spec, prompts[spec.prompt], target if target > 1 else 1, done))
 
     def _ctx(self, req: _Req) -> int:
         return req.prompt_tokens + req.generated + (self._iter - req.start_iter)
@@ -176,9 +205,12 @@ class SimDevice:
         elapsed_s = 0.0
         done: list[Completion] = []
         heap, running, waiting = self._finish_heap, self._running, self._waiting
-        span = self.costs._span_scalar_s
+        costs = self.costs
+        span, span_terms = costs._span_scalar_s, costs.span_terms
+        bw, kv, w, _ = costs._hot  # type: ignore[attr-defined]
+        overhead_s = costs.iteration_overhead_s
         capacity = self.kv_capacity_tokens
-        heappop = heapq.heappop
+        heappop, ceil = heapq.heappop, math.ceil
         index, version = self.index, self.version
         while until_empty or not done:
             if waiting:
@@ -193,8 +225,16 @@ class SimDevice:
             if kv_room <= 0:
                 self._preempt_youngest()
                 continue
-            n = min(heap[0][0] - self._iter, kv_room)
-            span_s = span(n, batch, kv_tokens)
+            n = heap[0][0] - self._iter
+            if kv_room < n:
+                n = kv_room
+            # `costs._span_scalar_s(n, batch, kv_tokens)` inlined (n >= 1), same arithmetic
+            comp_s, cross = span_terms(batch)
+            first_mem = ceil((cross - kv_tokens) / batch)
+            first_mem = 0 if first_mem < 0 else (n if first_mem > n else first_mem)
+            m = n - first_mem
+            span_s = n * overhead_s + first_mem * comp_s + (
+                m * (w + kv_tokens * kv) + batch * kv * (first_mem + n - 1) * m / 2.0) / bw
             if elapsed_s + span_s > max_s:
                 n = max(1, self.costs.decode_iters_within(max_s - elapsed_s, batch, kv_tokens))
                 span_s = span(n, batch, kv_tokens)
@@ -209,14 +249,14 @@ class SimDevice:
                     req.live = False
                     kv_tokens -= req.prompt_tokens + req.generated + (it - req.start_iter)
                     length = req.target_tokens
-                    done.append(SimCompletion(
+                    done.append(SimCompletion(  # positional: response_tokens last
                         spec, [length], [], "length" if length >= spec.max_new_tokens else "eos",
-                        index, version, response_tokens=length))
+                        index, version, length))
             self._kv_tokens = kv_tokens
             if elapsed_s >= max_s:
                 break
         self.busy_s += elapsed_s
-        await self.clock.sleep(elapsed_s)
+        await self._wait(elapsed_s)
         return done
 
     async def export_inflight(self) -> list[InflightRequest]:
@@ -251,9 +291,9 @@ class SimDevice:
     async def join_group(self, members: tuple[int, ...]) -> bool:
         """Communicator cache keyed by the member set: `join_group_first_s` the first time
         this device sees `members`, `join_group_cached_s` after. True if created."""
-        key = tuple(sorted(members))
-        created = key not in self._groups
-        self._groups.add(key)
+        member_set = _members(members)[1]
+        created = member_set not in self._groups
+        self._groups.add(member_set)
         r = self.costs.resize
         await self._spend(r.join_group_first_s if created else r.join_group_cached_s)
         return created
@@ -264,16 +304,26 @@ class SimDevice:
         """The whole collective's time under the bounded-staging model
         (`CostModel.reshard_plan_s`): every member waits for the busiest one. Returns this
         device's `bytes_sent`."""
-        wall_s, sent = self.costs.reshard_plan_s(tuple(old_members), tuple(new_members),
-                                                 staging_bytes)
-        self._next_members = tuple(sorted(new_members)) if self.index in new_members else ()
+        key = (id(self.costs), id(old_members), id(new_members), staging_bytes)
+        got = _PLANS.get(key)
+        if got is None or got[0] is not old_members or got[1] is not new_members \
+                or got[2] is not self.costs or type(old_members) is not tuple \
+                or type(new_members) is not tuple:
+            if len(_PLANS) >= 64:
+                _PLANS.clear()
+            got = _PLANS[key] = (old_members, new_members, self.costs, self.costs.reshard_plan_s(
+                tuple(old_members), tuple(new_members), staging_bytes))
+        wall_s, sent = got[3]  # the same plan for every member: computed once per resize
+        key, member_set = _members(new_members)
+        self._next_members = key if self.index in member_set else ()
         await self._spend(wall_s)
         return {"bytes_sent": float(sent.get(self.index, 0.0))}
 
     async def commit_train_group(self, new_members: tuple[int, ...]) -> None:
         """Switch to the prepared group (members) or stop training (others): `commit_s`."""
-        if self.index in new_members:
-            self._members, self.role = tuple(sorted(new_members)), Role.TRAIN
+        key, member_set = _members(new_members)
+        if self.index in member_set:
+            self._members, self.role = key, Role.TRAIN
         else:
             self._members = ()
         self._next_members = ()
@@ -289,14 +339,14 @@ class SimDevice:
 
     # ------------------------------------------------------------------ train role
     async def join_train_group(self, members: tuple[int, ...], generation: int) -> None:
-        if self.index not in members:
+        key, member_set = _members(members)
+        if self.index not in member_set:
             if self.role == Role.TRAIN:
                 self.role = Role.IDLE
             return
         r = self.costs.resize
-        key = tuple(sorted(members))
-        cost_s = r.join_group_cached_s if key in self._groups else r.join_group_first_s
-        self._groups.add(key)
+        cost_s = r.join_group_cached_s if member_set in self._groups else r.join_group_first_s
+        self._groups.add(member_set)
         self._members = key
         self.role = Role.TRAIN
         await self._spend(cost_s)
@@ -305,12 +355,17 @@ class SimDevice:
         responses, prompts = self._lengths(s.step)
         return prompts[s.prompt] + responses[s.prompt][s.sample]
 
-    async def train_step(self, step: int, micro_batches: list[list[TrainSample] | None],
-                         global_num_tokens: int) -> dict[str, float]:
+    def train_step_s(self, micro_batches: list[list[TrainSample] | None]) -> tuple[float, int]:
+        """(seconds, tokens) `train_step` charges for these micro-batches."""
         num_tokens = sum(self._sample_tokens(s) for mb in micro_batches if mb for s in mb)
         num_ranks = max(1, len(self._members))
-        await self._spend(self.costs.train_step_overhead_s + num_tokens
-                          * self.costs.train_token_s() / self.costs.dp_efficiency(num_ranks))
+        return self.costs.train_step_overhead_s + num_tokens * self.costs.train_token_s() \
+            / self.costs.dp_efficiency(num_ranks), num_tokens
+
+    async def train_step(self, step: int, micro_batches: list[list[TrainSample] | None],
+                         global_num_tokens: int) -> dict[str, float]:
+        seconds, num_tokens = self.train_step_s(micro_batches)
+        await self._spend(seconds)
         return {"loss": 0.0, "num_tokens": float(num_tokens)}
 
     async def train_accumulate(self, step: int,
@@ -328,7 +383,7 @@ class SimDevice:
     async def publish_weights(self, version: int) -> WeightHandle | None:
         await self._spend(self.costs.weight_sync_latency_s)
         self.version = version
-        first = not self._members or self.index == min(self._members)
+        first = not self._members or self.index == self._members[0]  # sorted
         return version if first else None
 
     async def param_checksum(self) -> tuple[float, str]:

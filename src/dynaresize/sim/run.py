@@ -21,6 +21,7 @@ policy writes a live-like run directory to `out_dir/<policy>/`.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,11 +151,13 @@ def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, ste
 def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | None = None,
              steps: int = 50, staleness: int = 1, seed: int = 0,
              cost_model: str | CostModel = "h100-7b", requests_per_step: int | None = None,
-             out_dir: str | Path | None = None, split: int | None = None) -> dict[str, Any]:
+             out_dir: str | Path | None = None, split: int | None = None,
+             timings: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """Compare `policies` (default: `default_policies()`) on one workload; returns the JSON
     object of `dynaresize simulate --json`. `split` fixes the rollout-device count of
-    `static` (and the start of controller policies) instead of searching it. Raises
-    ValueError for bad input."""
+    `static` (and the start of controller policies) instead of searching it. `timings`, if
+    given, receives (wall s, CPU s) of the twin's own cost per policy and for the split
+    `search` (bench/sim_scaling.py). Raises ValueError for bad input."""
     known = load_policies()
     policies = tuple(policies) if policies is not None else default_policies()
     unknown = [p for p in policies if p not in known]
@@ -175,9 +178,20 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
         raise ValueError(f"steps = {steps}: the trace {wl.name} has only {wl.num_steps}")
     best: tuple[int, int] | None = (split, 0) if split is not None else None
     results = []
+    clock_s = (time.perf_counter(), time.process_time())
+
+    def lap(name: str) -> None:
+        nonlocal clock_s
+        now_s = (time.perf_counter(), time.process_time())
+        if timings is not None:
+            timings[name] = (now_s[0] - clock_s[0], now_s[1] - clock_s[1])
+        clock_s = now_s
+
     for policy in policies:
+        lap("-")
         if policy == "oracle":
             results.append(oracle_result(oracle_steps(costs, wl, gpus, steps, staleness)))
+            lap(policy)
             continue
         if policy == "colocated":
             cfg = sim_config(wl, 1, gpus - 1, steps, 0, seed, costs)
@@ -185,9 +199,11 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
             row = results_row("colocated", run, {"rollout": gpus, "train": gpus})
             row["staleness"] = 0
             results.append(row)
+            lap(policy)
             continue
         if best is None:
             best = search_split(wl, gpus, steps, staleness, seed, costs)
+            lap("search")
         if policy == "static":
             row = run_static(wl, gpus, best[0], steps, staleness, seed, costs,
                              _sub(out_dir, policy))
@@ -196,5 +212,8 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
             row = run_policy(policy, wl, gpus, best[0], steps, staleness, seed, costs,
                              _sub(out_dir, policy))
         results.append(row)
+        lap(policy)
+    if timings is not None:
+        timings.pop("-", None)
     return {"workload": wl.name, "gpus": gpus, "steps": steps, "staleness": staleness,
             "cost_model": f"{costs.gpu.name}/{costs.model.name}", "results": results}
