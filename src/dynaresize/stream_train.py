@@ -27,26 +27,52 @@ async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: 
                    trainers: list[Device], changed: asyncio.Event,
                    stop: Callable[[], bool]) -> float:
     """Every trainer pulls the next ready, unheld micro-batch as soon as it is free (no
-    lock-step rounds: micro-batches differ a lot in length) and waits for `changed` when none
-    is ready, until every micro-batch is held or `stop()` (a resize waits for the boundary;
-    it sets `changed` too). Returns the device-seconds spent."""
+    lock-step rounds: micro-batches differ a lot in length) and parks when none is ready,
+    until every micro-batch is held or `stop()` (a resize waits for the boundary; it sets
+    `changed` too). One watcher waits for `changed` and wakes as many parked trainers as there
+    are new micro-batches (all of them on stop or once the stream is complete), so a ready
+    micro-batch costs one wake-up, not one per idle trainer. Returns the device-seconds spent."""
     taken: set[int] = set()
     busy_s = [0.0]
     cursor = [0]  # stream.ready[:cursor] is held or taken (both only grow within a session)
+    parked: list[asyncio.Future[None]] = []
+    loop = asyncio.get_running_loop()
+
+    def takeable() -> int:
+        """Index in stream.ready of the first micro-batch neither held nor taken."""
+        ready, i = stream.ready, cursor[0]
+        while i < len(ready) and (ready[i] in holdings.held_by or ready[i] in taken):
+            i += 1
+        cursor[0] = i
+        return i
+
+    def wake(n: int) -> None:
+        while parked and n > 0:
+            fut = parked.pop()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
+
+    async def watch() -> None:
+        while True:
+            await changed.wait()
+            changed.clear()
+            if stop() or stream.complete:
+                wake(len(parked))
+            else:
+                wake(len(stream.ready) - takeable())
 
     async def pull(device: Device) -> None:
         while not stop():
-            ready, i = stream.ready, cursor[0]
-            while i < len(ready) and (ready[i] in holdings.held_by or ready[i] in taken):
-                i += 1
-            cursor[0] = i
-            if i == len(ready):  # nothing ready and unheld (was: a scan of all of `ready`)
+            i = takeable()
+            if i == len(stream.ready):  # nothing ready and unheld: park
                 if stream.complete:
                     return
-                changed.clear()
-                await changed.wait()
+                fut = loop.create_future()
+                parked.append(fut)
+                await fut
                 continue
-            m = ready[i]
+            m = stream.ready[i]
             taken.add(m)
             t0 = orch.clock.now()
             await device.train_accumulate(step, [(m, stream.micro_batch(m))])
@@ -55,7 +81,12 @@ async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: 
             busy_s[0] += t1 - t0
             orch.rundir.event(t0, t1, device.index, "train", critical=True, step=step)
 
-    await asyncio.gather(*(pull(d) for d in trainers))
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.gather(*(pull(d) for d in trainers))
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
     return busy_s[0]
 
 
