@@ -221,3 +221,15 @@ def test_callback_errors_reach_the_exception_handler() -> None:
     VirtualClock().run(main())
     assert len(seen) == 1 and isinstance(seen[0]["exception"], ZeroDivisionError)
     assert seen[0]["message"].startswith("Exception in callback")
+
+
+def test_a_request_larger_than_the_kv_cache_is_refused_not_spun() -> None:
+    """Regression: a request whose context cannot fit one device's KV cache was preempted and
+    re-admitted forever (memory grew until the machine ran out). Now: a clear error."""
+    import pytest
+
+    from dynaresize.sim.run import simulate
+
+    with pytest.raises(ValueError, match="KV-cache tokens"):
+        simulate("agentic", 8, ("static",), steps=1, staleness=1, seed=0,
+                 cost_model="h100-32b", split=4)

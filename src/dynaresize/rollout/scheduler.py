@@ -125,7 +125,7 @@ class RolloutRun:
         tasks = [s.task for s in self._slots.values() if s.task is not None]
         for s in self._slots.values():
             s.wake.set()
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.error is not None:
             raise self.error
 
@@ -193,8 +193,11 @@ class RolloutRun:
         try:
             await self._serve(slot)
         except Exception as exc:
-            if self.on_device_lost is None:
-                raise
+            if self.on_device_lost is None:  # fail the run with this error (wait() raises it)
+                if self.error is None:
+                    self.error = exc
+                self.finished.set()
+                return
             self._lose(slot, exc)
 
     def _lose(self, slot: _Slot, exc: BaseException) -> None:

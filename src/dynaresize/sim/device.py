@@ -223,6 +223,13 @@ class SimDevice:
             kv_tokens = self._kv_tokens
             kv_room = (capacity - kv_tokens) // batch
             if kv_room <= 0:
+                if batch == 1:  # alone and still no room: it would be preempted forever
+                    req = next(iter(running))
+                    raise ValueError(  # bad input (workload x cost model): exit 2
+                        f"simulated device {index}: request (step {req.spec.step}, prompt "
+                        f"{req.spec.prompt}, sample {req.spec.sample}) needs more than the "
+                        f"{capacity} KV-cache tokens one device holds under this cost model "
+                        f"({kv_tokens} in use); use a larger GPU or shorter lengths")
                 self._preempt_youngest()
                 continue
             n = heap[0][0] - self._iter
