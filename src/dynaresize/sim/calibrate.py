@@ -147,9 +147,17 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     x, y = np.array(rows, dtype=float), np.array(spans)
     a, c, p = _nnls(x, y)
     rel_rmse = float(np.sqrt(np.mean((x @ np.array([a, c, p]) - y) ** 2)) / y.mean())
-    train = {(int(e["step"])): e["t_end"] - e["t_start"] for e in events if e["kind"] == "train"}
-    num_train = cfg.allocation.num_train_devices
-    tx = np.array([[1.0, _trained_tokens(trace.step_requests(k)) / num_train]
+    # Training device-seconds per step: one span per device (plain steps) or one per
+    # micro-batch plus the optimizer step (streaming); either way the sum over the step's
+    # spans is `o * devices + beta * tokens` (the twin charges the same).
+    train: dict[int, float] = {}
+    train_devices: dict[int, set[int]] = {}
+    for e in events:
+        if e["kind"] == "train":
+            k = int(e["step"])
+            train[k] = train.get(k, 0.0) + e["t_end"] - e["t_start"]
+            train_devices.setdefault(k, set()).add(int(e["device"]))
+    tx = np.array([[float(len(train_devices[k])), _trained_tokens(trace.step_requests(k))]
                    for k in sorted(train)])
     o, beta = _nnls(tx, np.array([train[k] for k in sorted(train)]))
     sync = [e["t_end"] - e["t_start"] for e in events if e["kind"] == "weight_sync"]

@@ -90,7 +90,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             workload = resolve_workload(args.workload, seed=args.seed,
                                         requests_per_step=args.requests_per_step)
         steps = args.steps or (workload.num_steps if workload.num_steps else 50)
-        policies = _policies(args.policy) or (("static", "oracle") if args.from_run else None)
+        run_policy = None
+        if args.from_run:  # the policy the live run ran (a forced schedule runs as static)
+            run_policy = "static" if run_cfg.resize.schedule else run_cfg.controller.policy
+        policies = _policies(args.policy) or ((run_policy, "oracle") if run_policy else None)
         out = simulate(workload, gpus, policies, steps=steps, staleness=staleness,
                        seed=args.seed, cost_model=costs, out_dir=args.out, split=split)
     except ValueError as exc:
@@ -138,7 +141,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--split", type=int, metavar="R", help="fix static's rollout devices "
                      "(default: searched; with --from-run: the run's)")
     sim.add_argument("--policy", metavar="P,...", help="policies (default: static, colocated, "
-                     "borrow, hysteresis if installed, oracle)")
+                     "borrow, hysteresis if installed, oracle; with --from-run: the run's "
+                     "policy and oracle)")
     sim.add_argument("--steps", type=int, help="RL steps (default 50, or the trace's)")
     sim.add_argument("--staleness", type=int, help="0 on-policy, 1 one-step-off (default 1)")
     sim.add_argument("--seed", type=int, default=0, help="workload seed")
