@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 # The same tiny Qwen2 model, samples and config as the trainer test (a sibling module: pytest's
 # default import mode puts this directory on sys.path, and spawned workers inherit it).
-from test_trainer_dist import CONFIG, file_store, make_model, max_abs_diff, run_steps
+from gloo_jobs import file_store, init_gloo, run_jobs
+from test_trainer_dist import CONFIG, make_model, max_abs_diff, run_steps
 
 from dynaresize.resize.reshard import bytes_by_device, plan_reshard, row_bytes, shard_rows
 
@@ -101,11 +98,7 @@ def reference(groups: dict, out: Path) -> None:
 
 
 def worker(rank: int, world_size: int, store: str, out: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=store, rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=60))
+    init_gloo(rank, world_size, store)
     try:
         # every world rank creates every group, in the same order (gloo)
         groups = {m: dist.new_group(list(m)) for m in ((0, 1), (0, 1, 2), (1, 2), (3,))}
@@ -121,20 +114,9 @@ def worker(rank: int, world_size: int, store: str, out: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("reshard_dist")
-    t0 = time.monotonic()
-    job = mp.start_processes(worker, args=(4, file_store(out, "reshard"), str(out)), nprocs=4,
-                             join=False,
-                             start_method="spawn")
-    try:
-        while not job.join(timeout=1.0):
-            if time.monotonic() - t0 > JOB_TIMEOUT_S:
-                pytest.fail("distributed reshard job timed out")
-    finally:
-        for proc in job.processes:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(5)
-    print(f"reshard job: {time.monotonic() - t0:.1f} s")
+    took_s = run_jobs([(worker, 4, (4, file_store(out, "reshard"), str(out)))], JOB_TIMEOUT_S,
+                      "distributed reshard job")
+    print(f"reshard job: {took_s:.1f} s")
     return out
 
 

@@ -13,15 +13,13 @@ Two spawned jobs (gloo on 127.0.0.1, one torch thread per process), run concurre
 from __future__ import annotations
 
 import gc
-import os
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_jobs import file_store, init_gloo, run_jobs
 
 from dynaresize.config import TrainConfig
 from dynaresize.types import TrainSample
@@ -149,11 +147,7 @@ def scenario_world3(rank: int, out: Path) -> None:
 
 
 def worker(rank: int, world_size: int, store: str, scenario: str, out: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=store, rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=60))
+    init_gloo(rank, world_size, store)
     try:
         {"single": scenario_single, "world3": scenario_world3}[scenario](rank, Path(out))
         dist.barrier()
@@ -161,30 +155,12 @@ def worker(rank: int, world_size: int, store: str, scenario: str, out: str) -> N
         dist.destroy_process_group()
 
 
-def file_store(directory: Path, name: str) -> str:
-    """A `file://` rendezvous: unlike a TCPStore (whose server binds every interface), it
-    opens no socket at all."""
-    return f"file://{directory / f'store-{name}'}"
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("trainer_dist")
-    jobs = [mp.start_processes(worker, args=(n, file_store(out, name), name, str(out)), nprocs=n,
-                               join=False, start_method="spawn")
-            for name, n in (("single", 1), ("world3", 3))]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    try:
-        for job in jobs:
-            while not job.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    pytest.fail("distributed trainer job timed out")
-    finally:
-        for job in jobs:
-            for proc in job.processes:
-                if proc.is_alive():
-                    proc.terminate()
-                proc.join(5)
+    run_jobs([(worker, n, (n, file_store(out, name), name, str(out)))
+              for name, n in (("single", 1), ("world3", 3))], JOB_TIMEOUT_S,
+             "distributed trainer job")
     return out
 
 

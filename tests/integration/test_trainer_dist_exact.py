@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 # Model, samples and helpers of the FSDP trainer test (sibling module on sys.path, see
 # test_reshard_dist.py).
-from test_trainer_dist import CONFIG, file_store, make_model, make_samples, max_abs_diff, run_steps
+from gloo_jobs import file_store, init_gloo, run_jobs
+from test_trainer_dist import CONFIG, make_model, make_samples, max_abs_diff, run_steps
 
 EXACT = dataclasses.replace(CONFIG, exact_reduction=True)
 NUM_STEPS = 3
@@ -153,11 +150,7 @@ def scenario_world3(rank: int, out: Path) -> None:
 
 
 def worker(rank: int, world_size: int, store: str, out: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=store, rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=60))
+    init_gloo(rank, world_size, store)
     try:
         scenario_world3(rank, Path(out))
         dist.barrier()
@@ -168,18 +161,8 @@ def worker(rank: int, world_size: int, store: str, out: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("trainer_exact")
-    job = mp.start_processes(worker, args=(3, file_store(out, "exact"), str(out)), nprocs=3,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    try:
-        while not job.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail("distributed exact trainer job timed out")
-    finally:
-        for proc in job.processes:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(5)
+    run_jobs([(worker, 3, (3, file_store(out, "exact"), str(out)))], JOB_TIMEOUT_S,
+             "distributed exact trainer job")
     return out
 
 
