@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from dynaresize.advantages import group_advantages
+from dynaresize.samples import group_samples
 from dynaresize.types import Completion, TrainSample
 
 
@@ -47,7 +47,6 @@ class StepStream:
         self._pending: dict[int, dict[int, tuple[Completion, float]]] = {}
         self._samples: dict[tuple[int, int], TrainSample] = {}
         self._ready: list[int] = []
-        self.num_response_tokens = 0
 
     @property
     def num_micro_batches(self) -> int:
@@ -91,14 +90,9 @@ class StepStream:
         return newly
 
     def _add_group(self, prompt: int, group: list[tuple[Completion, float]]) -> None:
-        rewards = [r for _, r in group]
-        advs = group_advantages(rewards, len(group))
-        for j, ((c, _), adv) in enumerate(zip(group, advs)):
-            self.num_response_tokens += c.num_tokens
-            self._samples[(prompt, j)] = TrainSample(
-                step=self.step, prompt=prompt, sample=j, prompt_tokens=list(c.spec.prompt_tokens),
-                response_tokens=list(c.tokens), behavior_logprobs=list(c.logprobs),
-                advantage=adv, reward=rewards[j])
+        for s in group_samples(self.step, self.version, prompt, [c for c, _ in group],
+                               [r for _, r in group]):
+            self._samples[(prompt, s.sample)] = s
 
     def micro_batch(self, m: int) -> list[TrainSample]:
         """Micro-batch `m` (ready ones only)."""
