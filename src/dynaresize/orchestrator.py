@@ -145,12 +145,12 @@ class Orchestrator(TrainLoop, ResizeHooks):
         """faults.FaultInjector: `[[faults.kill]]` (kills for real)."""
         self._optimizer_step = self.start_step
         self.streaming = bool(getattr(self.controller, "streams_training", False)
-                              and cfg.controller.stream_training
-                              and getattr(cfg.train, "exact_reduction", True))
+                              and cfg.controller.stream_training and cfg.train.exact_reduction)
         """Training streams over completed groups (`dynaresize.stream`)."""
         self._streams: dict[int, asyncio.Future[StepStream]] = {}
         self._stream_changed = asyncio.Event()
         self._holdings: tuple[Holdings, StepStream] | None = None
+        """The streamed step being trained (what `RunView.train_todo` reads), else None."""
         self.resizes_waiting = 0
         """Resizes queued for the train lock: streaming training yields to them."""
         self._rollout_width: dict[int, int] = {}

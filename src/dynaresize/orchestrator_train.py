@@ -77,12 +77,13 @@ class TrainLoop:
                     if self.recovery is not None:
                         self.recovery.checkpointed(step + 1, train_path)
             for d in trainers:
-                if stream is None:  # streaming wrote one event per round
+                if stream is None:  # streaming wrote one event per micro-batch
                     self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
                 self.rundir.event(t1, t2, d.index, "weight_sync", critical=True, step=step)
             await self.versions.publish(step + 1, handles[0])
             del self._samples[step]
             self._streams.pop(step, None)
+            self._holdings = None
             record = {
                 "step": step, "reward_mean": round(got.reward_mean, 6),
                 "rollout_s": round(got.rollout_s, 4), "train_s": round(t2 - t0, 4),

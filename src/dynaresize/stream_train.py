@@ -2,8 +2,9 @@
 
 `accumulate(orch, step, stream, holdings)` runs sessions: take the train lock; every training
 device pulls the next ready, not yet held micro-batch whenever it is free and accumulates it
-(`Device.train_accumulate`: it computes and holds that micro-batch's gradients); the session
-ends when nothing ready is left or a resize waits for the lock. Between two sessions a resize
+(`Device.train_accumulate`: it computes and holds that micro-batch's gradients) and parks
+while none is ready; the session ends when every micro-batch is held or a resize waits for
+the lock. Between two sessions a resize
 may change the training group: devices that joined take part in the next session; what a
 device that left held is recomputed.
 It returns once every micro-batch is held. `finish(...)` (under the lock, at the optimizer-step
@@ -110,10 +111,9 @@ async def finish(orch: Orchestrator, trainers: list[Device], step: int, stream: 
                  ) -> tuple[list[dict[str, float]], float, list[Any], float]:
     """Under the train lock: recompute what left with departed devices, then the optimizer
     step and the weight gather. Returns (stats, time training ended, handles, device-s)."""
-    device_s = 0.0
     holdings.drop_devices(d.index for d in trainers)
-    device_s += await _session(orch, step, stream, holdings, trainers, asyncio.Event(),
-                               lambda: False)
+    device_s = await _session(orch, step, stream, holdings, trainers, asyncio.Event(),
+                              lambda: False)
     t0 = orch.clock.now()
     stats = list(await asyncio.gather(*(d.train_finish(step, stream.num_micro_batches,
                                                        global_tokens) for d in trainers)))
