@@ -75,6 +75,7 @@ class HysteresisController:
         self._released: dict[int, int] = {}
         self._tail_target: dict[int, int] = {}
         self._round_trip_s = 0.0
+        """The cost of one resize, as of the last step start (predictions charge it)."""
         self._round_trip_measured = False
         self._lend_ok = False
         """Staleness 0: lend the engines at rollout end this step (`_lending_pays`)."""
@@ -82,7 +83,6 @@ class HysteresisController:
         self._lent_at_end: set[int] = set()
         self._mode_step_s: dict[bool, float] = {}
         """Staleness 0: measured step time (EMA) with and without lending at rollout end."""
-        """The cost of one resize, as of the last step start (predictions charge it)."""
         self._last_change_step = -10**9
 
     # ------------------------------------------------------------------ estimates
@@ -110,17 +110,11 @@ class HysteresisController:
 
     def predict_step_s(self, num_rollout: int, num_devices: int, staleness: int) -> float:
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
-        tail = self.tail_s or 0.0
-        bulk = self.bulk_dev_s / num_rollout
-        num_train = num_devices - num_rollout
-        work = self.train_dev_s
-        if staleness or not (self.streams_training and self.p.release_tail):
-            train = work / num_train
-            return max(bulk + tail, train) if staleness else bulk + tail + train
-        # Streaming with tail release: the trainers work through the rollout (at staleness 0
-        # on this step's completed groups, about half of the bulk's on average), and the
-        # rollout devices but one join them for the tail.
-        return self._stream_s0(num_rollout, num_devices, self._lend_ok)
+        if staleness == 0 and self.streams_training and self.p.release_tail:
+            return self._stream_s0(num_rollout, num_devices, self._lend_ok)
+        rollout = (self.tail_s or 0.0) + self.bulk_dev_s / num_rollout
+        train = self.train_dev_s / (num_devices - num_rollout)
+        return max(rollout, train) if staleness else rollout + train
 
     def _lending_pays(self, num_devices: int) -> bool:
         """Staleness 0: whether lending the engines at rollout end (at its best split) beats
@@ -148,7 +142,9 @@ class HysteresisController:
                                        self.p.ema)
 
     def _stream_s0(self, num_rollout: int, num_devices: int, end_release: bool) -> float:
-        """Staleness 0, streaming: the step with or without lending every engine but one to
+        """Staleness 0, streaming: the trainers work through the rollout (on this step's
+        completed groups, about half of the bulk's on average) and the rollout devices but one
+        join them for the tail; the step with or without lending every engine but one to
         training once the rollout ends (a round trip of two resizes)."""
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
         tail = self.tail_s or 0.0
