@@ -41,8 +41,8 @@ class StepTiming:
     num_rollout_devices: int
     num_train_devices: int
     train_device_s: float = 0.0
-    """Device-seconds the step's training computed (streaming: the accumulate rounds and
-    the optimizer step, without the waits for groups); 0: train_s x num_train_devices."""
+    """Device-seconds the step's training computed (streaming: its micro-batches and the
+    optimizer step, without the waits for groups); 0: train_s x num_train_devices."""
 
     @property
     def train_work_s(self) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 
 from dynaresize.cli import UsageError
 from dynaresize.rundir import EVENT_KEYS, METRIC_KEYS, read_jsonl
-from dynaresize.timeline import BUSY_KINDS
+from dynaresize.timeline import BUSY_KINDS, idle_device_s_per_step
 
 COLOURS = {"rollout": "#4C72B0", "train": "#DD8452", "weight_sync": "#55A868",
            "load_weights": "#8FD19E", "start": "#BBBBBB"}
@@ -182,9 +182,7 @@ def summary_text(path: Path, metrics: list[dict], events: list[dict],
         return float(np.mean([m[key] for m in metrics])) if metrics else 0.0
 
     last_reward = metrics[-1]["reward_mean"] if metrics else 0.0
-    num_devices = 1 + max((e["device"] for e in events), default=-1)
-    idle_per_step_s = (summary.get("bubble_fraction", 0.0) * num_devices
-                       * summary.get("wall_s", 0.0) / max(1, len(metrics)))
+    idle_per_step_s = idle_device_s_per_step(summary, events, len(metrics))
     resizes = [e for e in events if e["kind"] == "resize"]
     by_index = {e.get("resize"): e for e in resizes}
     crit = [e.get("critical_path_s", 0.0) for e in by_index.values() if e.get("ok", True)]

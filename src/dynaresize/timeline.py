@@ -41,6 +41,15 @@ def bubble_fraction(events: list[dict[str, Any]], t0: float, t1: float,
     return max(0.0, 1.0 - busy / (num_devices * span))
 
 
+def idle_device_s_per_step(summary: dict[str, Any], events: list[dict[str, Any]],
+                           num_steps: int) -> float:
+    """Device-seconds per step that no stage used: what could be handed back to the cluster
+    (summary.json's bubble fraction x devices seen in `events` x wall time / steps)."""
+    num_devices = 1 + max((e["device"] for e in events), default=-1)
+    return (summary.get("bubble_fraction", 0.0) * num_devices * summary.get("wall_s", 0.0)
+            / max(1, num_steps))
+
+
 ResizeEntry = tuple[int, str, tuple[int, ...], bool]
 """(resize index, op kind, devices, ok): one op of one resize, or its `resize` summary."""
 

@@ -95,3 +95,12 @@ def test_bad_arguments(kwargs: dict, match: str) -> None:
     args = {"gpus": 6, "steps": 1, "requests_per_step": 32, "policies": ("static",)} | kwargs
     with pytest.raises(ValueError, match=match):
         simulate("balanced", **args)
+
+
+def test_idle_device_seconds_per_step_is_the_bubble_in_device_seconds() -> None:
+    from dynaresize.timeline import idle_device_s_per_step
+
+    events = [{"device": d, "t_start": 0.0, "t_end": 1.0} for d in (0, 3, 1)]
+    summary = {"bubble_fraction": 0.25, "wall_s": 100.0}
+    assert idle_device_s_per_step(summary, events, 5) == 0.25 * 4 * 100.0 / 5
+    assert idle_device_s_per_step({"bubble_fraction": 0.0, "wall_s": 9.0}, events, 3) == 0.0

@@ -26,6 +26,7 @@ from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device import make_devices
 from dynaresize.sim.workloads import StepRequests, Workload
+from dynaresize.timeline import idle_device_s_per_step
 
 
 @dataclass(frozen=True)
@@ -127,15 +128,6 @@ def run_config(cfg: Config, workload: Workload, costs: CostModel,
     return SimRun(summary, rundir, orch)
 
 
-def idle_device_s_per_step(run: SimRun) -> float:
-    """Device-seconds per step that no stage used: what could be handed back to the cluster
-    (the bubble fraction x devices x wall time / steps)."""
-    s = run.summary
-    events = run.rundir.events
-    num_devices = 1 + max((e["device"] for e in events), default=-1)
-    return s["bubble_fraction"] * num_devices * s["wall_s"] / max(1, s["steps"])
-
-
 def results_row(policy: str, run: SimRun, split: dict[str, int] | None) -> dict[str, Any]:
     """The `results` row of a run: issue 4's keys plus the mean pool sizes."""
     metrics = run.rundir.metrics
@@ -146,7 +138,8 @@ def results_row(policy: str, run: SimRun, split: dict[str, int] | None) -> dict[
             "p99_step_s": round(float(np.percentile(step_s, 99)), 4),
             "samples_per_s": s["samples_per_s"], "tokens_per_s": s["tokens_per_s"],
             "bubble_fraction": s["bubble_fraction"], "num_resizes": s["num_resizes"],
-            "idle_device_s_per_step": round(idle_device_s_per_step(run), 2),
+            "idle_device_s_per_step": round(idle_device_s_per_step(
+                s, run.rundir.events, s["steps"]), 2),
             "mean_rollout_devices": round(float(np.mean(
                 [m["num_rollout_devices"] for m in metrics])), 2)}
 
