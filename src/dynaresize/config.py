@@ -132,6 +132,9 @@ class ControllerConfig:
     stream_training: bool = _doc("hysteresis: train a step's micro-batches as their groups "
                                  "complete, while the rollout tail finishes (same update; "
                                  "needs train.exact_reduction).", default=True)
+    pipeline_rollouts: bool = _doc("hysteresis, staleness >= 1, streaming: start the next "
+                                   "step's rollout on the engines the current step's tail "
+                                   "has emptied (same samples).", default=True)
 
 
 MOVES = ("rollout->train", "train->rollout")

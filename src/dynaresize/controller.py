@@ -44,6 +44,10 @@ class StepTiming:
     """Device-seconds the step's training computed (streaming: its micro-batches and the
     optimizer step, without the waits for groups); 0: train_s x num_train_devices."""
 
+    rollout_device_s: float = 0.0
+    """Device-seconds the step's rollout held engines (each engine from its first to its
+    last slice of the step); 0: not measured."""
+
     @property
     def train_work_s(self) -> float:
         return self.train_device_s or self.train_s * self.num_train_devices
@@ -71,6 +75,9 @@ class RunView:
     """Resizes decided but still waiting for an optimizer-step boundary."""
     train_busy: bool = False
     """A training step (or a resize) holds the optimizer-step boundary right now."""
+    pipelined: bool = False
+    """Step k + 1's rollout starts on the engines step k's tail empties
+    (`orchestrator_rollout`): the rollout costs its device-seconds, its tail overlaps."""
     train_todo: float = 0.0
     """Streaming: the fraction of the oldest untrained step's micro-batches that no training
     device holds yet (its remaining training work); 0 without streaming."""

@@ -68,6 +68,9 @@ class HysteresisController:
         self.bulk_dev_s: float | None = None
         self.tail_s: float | None = None
         self.train_dev_s: float | None = None
+        self.roll_dev_s: float | None = None
+        """Pipelined rollouts: device-seconds a step's rollout holds engines (EMA)."""
+        self._pipelined = False
         self._seen_steps = 0
         self._tail_start_s: float | None = None
         self._tail_start_by_step: dict[int, float] = {}
@@ -90,6 +93,8 @@ class HysteresisController:
         for timing in view.history[self._seen_steps:]:
             w = self.p.ema
             self.train_dev_s = _ema(self.train_dev_s, timing.train_work_s, w)
+            if timing.rollout_device_s > 0:
+                self.roll_dev_s = _ema(self.roll_dev_s, timing.rollout_device_s, w)
             start = self._rollout_start_by_step.get(timing.step)
             tail_at = self._tail_start_by_step.get(timing.step)
             if start is not None and tail_at is not None:
@@ -112,6 +117,10 @@ class HysteresisController:
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
         if staleness == 0 and self.streams_training and self.p.release_tail:
             return self._stream_s0(num_rollout, num_devices, self._lend_ok)
+        if staleness and self._pipelined and self.roll_dev_s is not None:
+            # the tail overlaps the next step's rollout: both stages cost device-seconds
+            return max(self.roll_dev_s / num_rollout,
+                       self.train_dev_s / (num_devices - num_rollout))
         rollout = (self.tail_s or 0.0) + self.bulk_dev_s / num_rollout
         train = self.train_dev_s / (num_devices - num_rollout)
         return max(rollout, train) if staleness else rollout + train
@@ -159,6 +168,7 @@ class HysteresisController:
 
     # ------------------------------------------------------------------ decisions
     def at_step_start(self, view: RunView) -> list[Move]:
+        self._pipelined = view.pipelined
         self._update(view)
         self._measure_mode(view)
         walls = sorted(view.resize_wall_s[-8:])

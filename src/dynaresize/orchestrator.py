@@ -40,16 +40,16 @@ from dynaresize.allocation import Allocation
 from dynaresize.config import Config
 from dynaresize.controller import Controller, RunView, StepTiming, make_controller
 from dynaresize.orchestrator_resize import ResizeHooks
+from dynaresize.orchestrator_rollout import RolloutLoop
 from dynaresize.orchestrator_train import TrainLoop
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.resize.executor import ResizeExecutor, ResizeReport
 from dynaresize.resize.planner import Op
 from dynaresize.rollout.scheduler import RolloutRun
 from dynaresize.rundir import RunDir
-from dynaresize.samples import StepSamples, assemble_step
+from dynaresize.samples import StepSamples
 from dynaresize.stream import Holdings, StepStream
 from dynaresize.timeline import bubble_fraction
-from dynaresize.types import Completion, RequestSpec, request_seed
 
 
 class PromptLike(Protocol):
@@ -90,7 +90,7 @@ class VersionStore:
         return self._handles[version]
 
 
-class Orchestrator(TrainLoop, ResizeHooks):
+class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
     def __init__(self, cfg: Config, devices: Sequence[Device], clock: Clock,
                  source: PromptSource, rundir: RunDir,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
@@ -115,6 +115,10 @@ class Orchestrator(TrainLoop, ResizeHooks):
         self.skipped_resizes: list[str] = []
         self._run: RolloutRun | None = None
         self._rollout_version = 0
+        self.pipelined = False
+        """Step k + 1's rollout may start during step k's tail (set by `run`)."""
+        self._resizes_requested = 0
+        """Resizes asked for and not yet done: no rollout pipelining meanwhile."""
         self._served_version = 0
         self.controller = controller or make_controller(cfg)
         self.history: list[StepTiming] = []
@@ -202,8 +206,9 @@ class Orchestrator(TrainLoop, ResizeHooks):
             train_path = await self.checkpointer.restore(self, *self.resume_from)
             if self.recovery is not None:
                 self.recovery.checkpointed(self.start_step, train_path)
+        self._init_rollout_loop()
         tasks = [asyncio.ensure_future(self._rollout_loop()),
-                 asyncio.ensure_future(self._train_loop())]
+                 asyncio.ensure_future(self._train_loop()), self._failed]
         try:
             await asyncio.gather(*tasks)
         except BaseException:
@@ -212,80 +217,6 @@ class Orchestrator(TrainLoop, ResizeHooks):
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         return await self._finish()
-
-    async def _rollout_loop(self) -> None:
-        """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
-        cfg = self.cfg
-        for step in range(self.start_step, cfg.run.steps):
-            self._step = step
-            fired: list[asyncio.Future[Any]] = []
-            version = max(0, step - cfg.run.staleness)
-            handle = await self.versions.wait(version)  # the controller sees that step's timing
-            for move in self.controller.at_step_start(self.view()):
-                if move.blocking:  # applied before the step's rollout starts
-                    await self.resize(move.move, move.num_devices, step)
-                else:  # applied when the boundary comes; devices join the running step
-                    fired.append(self._resize_soon(move.move, move.num_devices, step))
-            self._rollout_version = version
-            await self._load_version(version, handle)
-            prompts = list(self.source.batch(step, cfg.task.prompts_per_step, cfg.run.seed))
-            by_id = {p.id: p for p in prompts}
-            specs = [RequestSpec(step=step, prompt=p.id, sample=j, version=version,
-                                 prompt_tokens=tuple(p.tokens),
-                                 max_new_tokens=cfg.task.max_new_tokens,
-                                 seed=request_seed(cfg.run.seed, step, p.id, j),
-                                 temperature=cfg.rollout.temperature)
-                     for p in prompts for j in range(cfg.task.samples_per_prompt)]
-            rewards: dict[tuple[int, int], float] = {}
-            stream = None
-            if self.streaming:
-                stream = StepStream(step, version, list(by_id), cfg.task.samples_per_prompt,
-                                    cfg.train.micro_batch_size)
-                self._stream_future(step).set_result(stream)
-
-            def on_done(done: list[Completion], step: int = step, by_id: dict = by_id,
-                        rewards: dict = rewards, fired: list = fired,
-                        stream: StepStream | None = stream) -> None:
-                for c in done:
-                    key = (c.spec.prompt, c.spec.sample)
-                    rewards[key] = self.source.reward(by_id[c.spec.prompt], list(c.tokens))
-                    if stream is not None and stream.add(c, rewards[key]):
-                        self._stream_changed.set()
-                if self.injector is not None and self._run is not None:
-                    self.injector.at_rollout(step, self._run.num_finished / self._run.total)
-                if not getattr(self.controller, "needs_progress", True):
-                    return
-                for move in self.controller.on_rollout_progress(self.view()):
-                    fired.append(self._resize_soon(move.move, move.num_devices, step))
-
-            self._rollout_started_s = self.clock.now()
-            run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
-                             cfg.rollout.slice_s, on_done,
-                             self.recovery.on_rollout_lost if self.recovery else None,
-                             drain=self._may_drain)
-            self._run = run
-            run.add_devices(self._rollout_devices())
-            self._rollout_width[step] = len(self._rollout_devices())
-            await run.wait()
-            self._run = None
-            rollout_s = self.clock.now() - self._rollout_started_s
-            for device, (a, b) in run.busy_s.items():
-                self.rundir.event(a, b, device, "rollout", critical=True, step=step)
-            expected = {(p.id, j) for p in prompts for j in range(cfg.task.samples_per_prompt)}
-            got = assemble_step(step, version, expected, run.completions, rewards, rollout_s,
-                                cfg.output.record_tokens)
-            self.rundir.samples(got.records)
-            self._future(step).set_result(got)
-            for move in self.controller.at_rollout_end(self.view()):
-                fired.append(self._resize_soon(move.move, move.num_devices, step))
-            await asyncio.gather(*fired)
-
-    def _may_drain(self) -> bool:
-        """Whether rollout devices may run until empty without reporting each completion:
-        nobody watches progress (controller, fault injector, streaming training) and no resize
-        is pending."""
-        return (not getattr(self.controller, "needs_progress", True) and self.injector is None
-                and self._num_pending_resizes == 0 and not self.streaming)
 
     def view(self) -> RunView:
         """What controllers decide from (its lists are the orchestrator's: read-only)."""
@@ -299,18 +230,7 @@ class Orchestrator(TrainLoop, ResizeHooks):
                        resize_wall_s=self._resize_wall_s,
                        num_pending_resizes=self._num_pending_resizes,
                        train_busy=self._train_lock.locked(),
-                       train_todo=self._train_todo())
-
-    async def _load_version(self, version: int, handle: WeightHandle) -> None:
-        stale = [d for d in self._rollout_devices() if self.engine_version[d.index] != version]
-        if not stale:
-            return
-        t0 = self.clock.now()
-        await asyncio.gather(*(d.load_weights(version, handle) for d in stale))
-        t1 = self.clock.now()
-        for d in stale:
-            self.engine_version[d.index] = version
-            self.rundir.event(t0, t1, d.index, "load_weights", critical=True, version=version)
+                       train_todo=self._train_todo(), pipelined=self.pipelined)
 
     # ------------------------------------------------------------------ end
     async def _finish(self) -> dict[str, Any]:

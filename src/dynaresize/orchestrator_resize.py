@@ -40,12 +40,18 @@ class ResizeHooks:
         optimizer-step boundary; on failure the old allocation stays and the run goes on.
         Returns None (and counts it as skipped) if the move would now empty a pool, e.g.
         because an earlier forced resize was rolled back."""
-        self.resizes_waiting += 1
-        self._stream_changed.set()  # streaming training yields the boundary
+        self._resizes_requested += 1
         try:
-            await self._train_lock.acquire()
-        finally:
-            self.resizes_waiting -= 1
+            await self.settle_rollouts()  # one step rolls out: the hooks act on its run
+            self.resizes_waiting += 1
+            self._stream_changed.set()  # streaming training yields the boundary
+            try:
+                await self._train_lock.acquire()
+            finally:
+                self.resizes_waiting -= 1
+        except BaseException:
+            self._resizes_requested -= 1
+            raise
         try:
             try:
                 target = target_allocation(self.allocation, move, num_devices)
@@ -78,6 +84,7 @@ class ResizeHooks:
             self.resizes.append(report)
             return report
         finally:
+            self._resizes_requested -= 1
             self._train_lock.release()
 
     async def stop_admission(self, device: Device) -> None:

@@ -62,6 +62,8 @@ class StepSamples:
     num_tokens: int
     rollout_s: float
     version: int
+    rollout_device_s: float = 0.0
+    """Device-seconds its rollout held engines (`StepTiming.rollout_device_s`)."""
 
 
 _SHORT_SHA: dict[tuple[int, ...], str] = {}

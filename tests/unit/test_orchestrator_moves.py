@@ -76,12 +76,14 @@ class StreamingAlternate(Alternate):
     streams_training = True
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize(("staleness", "pipelined"), [(0, False), (1, False), (1, True)])
 def test_streaming_training_accumulates_every_micro_batch_once(
-        staleness: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        staleness: int, pipelined: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """With training streamed over completed groups and devices moving mid-rollout both
     ways, every step's optimizer step combines each micro-batch exactly once, held by a
-    device of the final training group (what a departed device held was recomputed)."""
+    device of the final training group (what a departed device held was recomputed). With
+    pipelined rollouts a step's moves are decided only while it is the newest step, and a
+    resize waits until one step rolls out, so fewer of them fire."""
     from dynaresize.sim.device import SimDevice
 
     held: dict[int, dict[int, int]] = {}
@@ -103,9 +105,12 @@ def test_streaming_training_accumulates_every_micro_batch_once(
     workload = get_workload("dapo-7b", seed=5, requests_per_step=64)
     costs = get_cost_model("h100-7b")
     cfg = sim_config(workload, 3, 3, 6, staleness, 0, costs)
+    cfg.controller.pipeline_rollouts = pipelined
     run = run_config(cfg, workload, costs, controller=StreamingAlternate(True))
     assert run.orchestrator is not None and run.orchestrator.streaming
-    assert run.summary["steps"] == 6 and run.summary["num_resizes"] == 5
+    assert run.orchestrator.pipelined == pipelined
+    assert run.summary["steps"] == 6
+    assert run.summary["num_resizes"] == 5 if not pipelined else run.summary["num_resizes"] >= 2
     num_mbs = 64 // cfg.train.micro_batch_size
     for step in range(6):
         finishers = {d for d, _ in finished[step]}
@@ -113,3 +118,47 @@ def test_streaming_training_accumulates_every_micro_batch_once(
         assert sorted(held[step]) == list(range(num_mbs))
         # the last holder of every micro-batch took part in that step's optimizer step
         assert set(held[step].values()) <= finishers
+
+
+class StreamingStatic:
+    """Streams training, never moves a device."""
+
+    streams_training = True
+    needs_progress = False
+
+    def at_step_start(self, view: RunView) -> list[Move]:
+        return []
+
+    def on_rollout_progress(self, view: RunView) -> list[Move]:
+        return []
+
+    def at_rollout_end(self, view: RunView) -> list[Move]:
+        return []
+
+
+def test_pipelined_rollouts_overlap_steps_and_keep_every_sample(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Staleness 1: step k + 1's rollout starts on engines step k's tail emptied, and the
+    sample records (step, prompt, sample, version, tokens) equal the unpipelined run's."""
+    import json
+
+    workload = get_workload("dapo-7b", seed=2, requests_per_step=512)
+    costs = get_cost_model("h100-7b")
+    got = {}
+    for pipelined in (False, True):
+        cfg = sim_config(workload, 3, 3, 5, 1, 0, costs)
+        cfg.controller.pipeline_rollouts = pipelined
+        out = tmp_path / str(pipelined)
+        run = run_config(cfg, workload, costs, controller=StreamingStatic(), out_dir=out)
+        assert run.orchestrator is not None and run.orchestrator.pipelined == pipelined
+        records = sorted((r["step"], r["prompt"], r["sample"], r["version"], r["tokens_sha256"])
+                         for r in map(json.loads, open(out / "samples.jsonl")))
+        spans: dict[int, list[float]] = {}
+        for e in map(json.loads, open(out / "events.jsonl")):
+            if e["kind"] == "rollout":
+                span = spans.setdefault(e["step"], [e["t_start"], e["t_end"]])
+                span[0], span[1] = min(span[0], e["t_start"]), max(span[1], e["t_end"])
+        overlaps = sum(spans[k + 1][0] < spans[k][1] for k in range(4))
+        got[pipelined] = (records, overlaps, run.summary["wall_s"])
+    assert got[True][0] == got[False][0] and len(got[True][0]) == 5 * 512
+    assert got[False][1] == 0 and got[True][1] >= 2
+    assert got[True][2] <= got[False][2]

@@ -91,3 +91,27 @@ def test_leaving_device_migrates_its_requests_without_changing_tokens() -> None:
     assert len(keys) == len(set(keys)) == 32
     for c in completions:  # tokens are a function of the request only
         assert c.tokens == [j + c.spec.sample for j in range(c.spec.max_new_tokens)]
+
+
+def test_hand_off_releases_idle_devices_and_keeps_the_last_until_the_end() -> None:
+    """Pipelined rollouts: once the queue is empty, a device with nothing left leaves for
+    the next step (`hand_off`), those idle at the call at once; the last device stays until
+    every request completed, then goes too; no request is lost or run twice."""
+    async def main() -> tuple[list[Completion], list[tuple[int, int]], bool]:
+        engines = [FakeEngine(i) for i in range(4)]
+        run = RolloutRun(RealClock(), specs(12), max_running=4, slice_s=1.0,
+                         on_completions=lambda c: None)
+        run.add_devices(engines)
+        await run.drained.wait()  # 12 requests fit at once: the queue empties on dispatch
+        run.add_devices([FakeEngine(4)])  # joins with nothing to do
+        released: list[tuple[int, int]] = []  # (device, requests still unfinished)
+        run.hand_off(lambda d: released.append((d.index, run.remaining)))
+        await run.wait()
+        return run.completions, released, run.finished.is_set()
+
+    completions, released, finished = asyncio.run(main())
+    assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(12))
+    assert released[0] == (4, 12)  # idle at the call: left at once
+    assert sorted(d for d, _ in released) == [0, 1, 2, 3, 4] and finished
+    # the others left as they emptied, the last one only once every request had completed
+    assert all(remaining > 0 for _, remaining in released[:-1]) and released[-1][1] == 0

@@ -78,11 +78,16 @@ class RolloutRun:
         self.busy_s: dict[int, list[float]] = {}
         """device → [first slice start, last slice end] in this step."""
         self.finished = asyncio.Event()
+        self.drained = asyncio.Event()
+        """Set once every request has been dispatched to a device (the queue is empty)."""
+        self._on_idle: Callable[[Device], None] | None = None
+        """`hand_off`'s callback: where a device goes once nothing is left for it here."""
         self._slots: dict[int, _Slot] = {}
         self._free: list[tuple[int, int]] = []
         """Heap of (load, device) candidates; stale entries are skipped when popped."""
         if self.remaining == 0:
             self.finished.set()
+            self.drained.set()
 
     @property
     def num_finished(self) -> int:
@@ -111,6 +116,27 @@ class RolloutRun:
         assert slot.task is not None
         await slot.task
 
+    def hand_off(self, on_idle: Callable[[Device], None]) -> None:
+        """From now on a device with nothing left to run here (the queue is empty and it
+        holds no request) leaves this run for `on_idle(device)` (the next step's rollout),
+        except the last one, which stays until the run ends (requeued work always has a
+        device). The devices idle now leave at once."""
+        self._on_idle = on_idle
+        for slot in sorted(self._slots.values(), key=lambda s: s.device.index, reverse=True):
+            if slot.load == 0 and not slot.pending:
+                self._maybe_release(slot)
+
+    def _maybe_release(self, slot: _Slot) -> bool:
+        """Hand `slot`'s device to `_on_idle` if it may go (see `hand_off`)."""
+        if self._on_idle is None or slot.leaving or self.queue or (
+                self.remaining and sum(not s.leaving for s in self._slots.values()) <= 1):
+            return False
+        slot.leaving = True
+        self._slots.pop(slot.device.index, None)
+        slot.wake.set()
+        self._on_idle(slot.device)
+        return True
+
     def requeue(self, device: Device, exported: list[Work]) -> None:
         """Put a leaving device's unfinished work (exported + never submitted) back in front."""
         slot = self._slots.pop(device.index, None)
@@ -133,7 +159,12 @@ class RolloutRun:
         """Give queued work to the least-loaded device with a free slot (ties: lowest index)."""
         if len(self.queue) > len(self._slots):
             self._dispatch_bulk()
-            return
+        else:
+            self._dispatch_greedy()
+        if not self.queue:
+            self.drained.set()
+
+    def _dispatch_greedy(self) -> None:
         while self.queue and self._free:
             load, index = heapq.heappop(self._free)
             slot = self._slots.get(index)
@@ -252,4 +283,6 @@ class RolloutRun:
                     self._dispatch()
                 if self.remaining == 0:
                     self.finished.set()
+                if slot.load == 0 and self._maybe_release(slot):
+                    return
 

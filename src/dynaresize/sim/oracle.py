@@ -22,8 +22,12 @@ What staleness forces:
 - `s = 0` (on-policy): training of step k needs every sample of step k, and the next rollout
   needs its weights, so stages serialise: (a) becomes `tail + T_train + weight_sync` with
   `T_train` the fastest training step on at most N devices; (b) gains `weight_sync`.
-- `s >= 1`: training of step k-1 overlaps rollout of step k; the bound is the steady-state
-  `max(a, b)` (the pipeline's fill and drain are ignored).
+- `s >= 1`: training of step k-1 overlaps rollout of step k, and step k + 1's rollout may
+  start during step k's tail (pipelined rollouts, `orchestrator_rollout`). What still holds:
+  step k + 1 + s's rollout needs version k + 1, i.e. step k's last sample (its tail), the
+  optimizer step and a weight sync, so `1 + s` step periods cover at least
+  `tail + train_step_overhead_s + weight_sync`: (a) becomes that sum divided by `1 + s`; the
+  bound is the steady-state `max(a, b)` (the pipeline's fill and drain are ignored).
 
 A step is *tail-bound* when (a) binds, *work-bound* when (b) does.
 """
@@ -100,6 +104,8 @@ def oracle_step(costs: CostModel, req: StepRequests, num_devices: int,
         fastest_train_s = min(costs.train_step_s(tokens, n) for n in _powers_up_to(num_devices))
         a_s += fastest_train_s + costs.weight_sync_s()
         b_s += costs.weight_sync_s()
+    else:
+        a_s = (a_s + costs.train_step_overhead_s + costs.weight_sync_s()) / (1 + staleness)
     return OracleStep(req.step, max(a_s, b_s), a_s, b_s, roll_s, train_s,
                       req.num_requests, int(req.response_tokens.sum()))
 
