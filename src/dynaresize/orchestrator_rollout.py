@@ -153,8 +153,7 @@ class RolloutLoop:
 
         started_s = self._rollout_started_s = self.clock.now()
         run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
-                         cfg.rollout.slice_s, on_done,
-                         self.recovery.on_rollout_lost if self.recovery else None,
+                         cfg.rollout.slice_s, on_done, self._on_lost(holder, version),
                          drain=self._may_drain)
         holder.append(run)
         self._run = run
@@ -190,6 +189,41 @@ class RolloutLoop:
         await asyncio.gather(*fired)
 
     # ------------------------------------------------------------------ engines
+    def _on_lost(self, holder: list[RolloutRun], version: int) -> Any:
+        """RolloutRun's `on_device_lost`: recovery decides; if the device was the previous
+        step's last engine and work is left there, an engine of the newest step takes over."""
+        if self.recovery is None:
+            return None
+
+        def lost(device: Device, exc: BaseException) -> bool:
+            if not self.recovery.on_rollout_lost(device, exc):
+                return False
+            run = holder[0]
+            if run is self._tail_run and run.remaining and not run.devices():
+                self._tail_devices.add(-1 - device.index)  # no resize until it is rescued
+                self._background(self._rescue_tail(run, version, -1 - device.index))
+            return True
+        return lost
+
+    async def _rescue_tail(self, tail: RolloutRun, version: int, token: int) -> None:
+        """The previous step lost its last engine with requests left: the newest step's
+        highest-index engine leaves it (its requests migrate to the others), loads the
+        previous version and finishes the previous step's requests there."""
+        try:
+            newest = self._run
+            donors = newest.devices() if newest is not None else []
+            if not donors:
+                raise RuntimeError(f"step {self._step - 1}'s last rollout engine died and no "
+                                   "engine is left to finish its requests")
+            device = self.devices[donors[-1]]
+            await newest.stop_admission(device)
+            newest.requeue(device, await device.export_inflight())
+            await self._load_version(version, self.versions.get(version), [device])
+            tail.add_devices([device])
+        finally:
+            self._tail_devices.discard(token)
+            self._check_settled()
+
     def _join_newest(self, device: Device) -> None:
         """`RolloutRun.hand_off`'s callback: `device` left the previous step's tail."""
         self._tail_devices.add(device.index)

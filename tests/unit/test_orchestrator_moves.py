@@ -162,3 +162,70 @@ def test_pipelined_rollouts_overlap_steps_and_keep_every_sample(tmp_path) -> Non
     assert got[True][0] == got[False][0] and len(got[True][0]) == 5 * 512
     assert got[False][1] == 0 and got[True][1] >= 2
     assert got[True][2] <= got[False][2]
+
+
+class _DeathsOnly:
+    """Recovery stand-in: a rollout device that raises is gone (fenced); nothing else dies."""
+
+    def __init__(self, orch) -> None:  # type: ignore[no-untyped-def]
+        self.orch = orch
+
+    def on_rollout_lost(self, device, exc) -> bool:  # type: ignore[no-untyped-def]
+        from dynaresize.types import Role
+        self.orch.allocation = self.orch.allocation.with_roles({device.index: Role.IDLE})
+        self.orch.executor.lost.add(device.index)
+        return True
+
+    def find_dead(self, how: str) -> bool:
+        return False
+
+    async def repair(self) -> None:
+        return None
+
+    def retain(self, step, got) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+
+def test_pipelined_tail_whose_last_engine_dies_is_finished_by_the_newest_step(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Pipelined rollouts with recovery: the previous step's last engine dies with requests
+    left; an engine of the newest step takes them over (with the previous version) and every
+    sample still comes out once, with its step's version."""
+    import json
+
+    from dynaresize.sim.device import SimDevice
+
+    workload = get_workload("dapo-7b", seed=2, requests_per_step=256)
+    costs = get_cost_model("h100-7b")
+    cfg = sim_config(workload, 3, 2, 4, 1, 0, costs)
+    killed: list[int] = []
+    orch_box: list = []
+    orig = SimDevice.run_rollout
+
+    async def run_rollout(self, max_s, until_empty=False):  # type: ignore[no-untyped-def]
+        orch = orch_box[0] if orch_box else None
+        tail = orch._tail_run if orch is not None else None
+        if (not killed and tail is not None and tail.devices() == [self.index]
+                and tail.remaining and orch._run is not tail and orch._run.devices()):
+            killed.append(self.index)
+            raise RuntimeError("device process died")
+        return await orig(self, max_s, until_empty)
+
+    monkeypatch.setattr(SimDevice, "run_rollout", run_rollout)
+    from dynaresize import orchestrator as orch_mod
+    orig_init = orch_mod.Orchestrator.__init__
+
+    def init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        orig_init(self, *args, **kwargs)
+        self.recovery = _DeathsOnly(self)
+        orch_box.append(self)
+
+    monkeypatch.setattr(orch_mod.Orchestrator, "__init__", init)
+    out = tmp_path / "run"
+    run = run_config(cfg, workload, costs, controller=StreamingStatic(), out_dir=out)
+    assert killed and run.orchestrator is not None and run.orchestrator.pipelined
+    records = [json.loads(line) for line in open(out / "samples.jsonl")]
+    keys = {(r["step"], r["prompt"], r["sample"]) for r in records}
+    assert len(records) == len(keys) == 4 * 256
+    assert all(r["version"] == max(0, r["step"] - 1) for r in records)
+    assert killed[0] not in {r["device"] for r in records if r["step"] >= 2}
