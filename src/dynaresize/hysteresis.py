@@ -9,6 +9,9 @@ Estimates, from the run's own measurements (exponential moving averages):
   width the rollout started with), the tail is the rest (`tail_s`, independent of R);
 - training = `train_dev_s` device-seconds actually trained (streaming: without the waits for
   groups; scales as 1/T);
+- pipelined rollouts (`RunView.pipelined`, staleness >= 1): the tail overlaps the next step's
+  rollout, so a step's rollout costs `roll_dev_s` device-seconds (engines held, tail included;
+  scales as 1/R);
 - resize cost = the measured critical-path and wall times of past resizes;
 - staleness 0: the measured step time with and without lending engines at rollout end.
 
@@ -18,7 +21,7 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   only if it beats the current split by more than the hysteresis `band`, the expected saving
   over `horizon_steps` exceeds `cost_margin` x the resize cost, and the last change is at least
   `min_dwell_steps` old (or the lending mode just changed). Staleness 1: max(rollout, train),
-  the stages overlap. Staleness 0: the trainers stream through about half of the bulk's groups
+  the stages overlap; with pipelined rollouts max(roll_dev_s / R, train_dev_s / T). Staleness 0: the trainers stream through about half of the bulk's groups
   and the released engines through the tail; the rest follows the rollout, on the trainers, or
   on every device when lending at rollout end pays (`_lending_pays`). Devices released in the
   previous step come back here (blocking at staleness 0, before the rollout starts).
