@@ -21,9 +21,11 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   only if it beats the current split by more than the hysteresis `band`, the expected saving
   over `horizon_steps` exceeds `cost_margin` x the resize cost, and the last change is at least
   `min_dwell_steps` old (or the lending mode just changed). Staleness 1: max(rollout, train),
-  the stages overlap; with pipelined rollouts max(roll_dev_s / R, train_dev_s / T). Staleness 0: the trainers stream through about half of the bulk's groups
-  and the released engines through the tail; the rest follows the rollout, on the trainers, or
-  on every device when lending at rollout end pays (`_lending_pays`). Devices released in the
+  the stages overlap; with pipelined rollouts max(roll_dev_s / R, train_dev_s / T).
+  Staleness 0: the trainers stream through about half of the bulk's groups and the released
+  engines through the tail; the rest follows the rollout, on the trainers, or on every device
+  when lending at rollout end pays (`_lending_pays`: predicted to beat never lending by the
+  band, plus the model's own error until a resize has been measured). Devices released in the
   previous step come back here (blocking at staleness 0, before the rollout starts).
 - intra-step, staleness 0 (`on_rollout_progress`): once the remaining requests fit on fewer
   engines at `tail_batch` each, release the surplus engines to training in waves (each at
@@ -55,7 +57,7 @@ class HysteresisParams:
 
 
 UNMEASURED_GAIN = 0.2
-"""Lending engines at rollout end before any resize was measured must promise 20 %."""
+"""Lending engines at rollout end before any step was measured must promise 20 %."""
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
@@ -128,15 +130,23 @@ class HysteresisController:
         train = self.train_dev_s / (num_devices - num_rollout)
         return max(rollout, train) if staleness else rollout + train
 
-    def _lending_pays(self, num_devices: int) -> bool:
+    def _lending_pays(self, num_devices: int, num_rollout: int) -> bool:
         """Staleness 0: whether lending the engines at rollout end (at its best split) beats
         never lending (at its best split) by more than the band, in prediction and, once both
         modes have run, in the measured step times. Until a resize has been measured its cost
-        is a guess, so the prediction must promise `UNMEASURED_GAIN`."""
+        is a guess, so the prediction must also beat its own error: how far it missed the
+        measured step time of the mode the run is in (`UNMEASURED_GAIN` before any step)."""
         lend, keep = self._mode_step_s.get(True), self._mode_step_s.get(False)
         if lend is not None and keep is not None and lend >= (1 - self.p.band) * keep:
             return False
-        margin = self.p.band if self._round_trip_measured else UNMEASURED_GAIN
+        margin = self.p.band
+        if not self._round_trip_measured:
+            measured = self._mode_step_s.get(self._lend_ok)
+            if measured is None:
+                margin = UNMEASURED_GAIN
+            else:
+                predicted = self._stream_s0(num_rollout, num_devices, self._lend_ok)
+                margin += abs(predicted - measured) / measured
         splits = range(1, num_devices)
         best_lend = min(self._stream_s0(r, num_devices, True) for r in splits)
         best_keep = min(self._stream_s0(r, num_devices, False) for r in splits)
@@ -189,7 +199,7 @@ class HysteresisController:
         base = r + returning  # the split before the tail release
         was_ok = self._lend_ok
         self._lend_ok = view.staleness == 0 and self.streams_training and \
-            self.p.release_tail and self._lending_pays(n)
+            self.p.release_tail and self._lending_pays(n, r + returning)
         best = min(range(1, n), key=lambda k: (self.predict_step_s(k, n, view.staleness),
                                                abs(k - base)))
         now_s = self.predict_step_s(base, n, view.staleness)

@@ -110,3 +110,21 @@ def test_lending_at_rollout_end_stops_once_measured_slower() -> None:
     end2 = RunView(step=2, now_s=350.0, allocation=Allocation.initial(4, 4), staleness=0,
                    history=hist, resize_wall_s=walls, train_todo=0.8)
     assert ctl.at_rollout_end(end2) == []
+
+
+def test_unmeasured_lending_must_beat_the_models_own_error() -> None:
+    """Staleness 0, no resize measured yet: lending is tried when its predicted gain exceeds
+    the band plus how far the model missed the measured step time (not a fixed 20 %)."""
+    def decide(measured_keep_s: float) -> bool:
+        ctl = HysteresisController(HysteresisParams())
+        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 5.0, 800.0, 300.0
+        ctl._seen_steps, ctl._round_trip_s = 1, 10.0  # a guessed round trip
+        predicted = ctl._stream_s0(4, 8, False)
+        ctl._mode_step_s[False] = measured_keep_s * predicted
+        best_lend = min(ctl._stream_s0(r, 8, True) for r in range(1, 8))
+        best_keep = min(ctl._stream_s0(r, 8, False) for r in range(1, 8))
+        assert 0.05 < 1 - best_lend / best_keep < 0.2  # between the band and the old prior
+        return ctl._lending_pays(8, 4)
+
+    assert decide(1.0)          # the model matched the measured step: the band is enough
+    assert not decide(1.5)      # it missed by 50 %: its predicted gain is not trusted
