@@ -37,3 +37,20 @@ def test_hysteresis_resizes_and_changes_nothing(device_pool: Any, tmp_path: Path
     resized_steps = [m["step"] for m in read_jsonl(tmp_path / "h" / "metrics.jsonl")
                      if m["num_resizes"]]
     assert resized_steps, "the hysteresis run recorded no resize in its metrics"
+
+
+def test_pipelined_rollouts_live_change_nothing(device_pool: Any, tmp_path: Path) -> None:
+    """Staleness 1 (the default's): the next step's rollout starts on engines the tail
+    emptied (real actors, each loading the newer version), and the samples and parameters
+    equal a static run's."""
+    piped = run(device_pool, tmp_path / "p", "run.staleness=1", "run.steps=5")
+    static = run(device_pool, tmp_path / "s", "run.staleness=1", "run.steps=5",
+                 "controller.policy='static'")
+    assert sample_view(tmp_path / "p") == sample_view(tmp_path / "s")
+    assert piped["param_sha256"] == static["param_sha256"]
+    spans: dict[int, list[float]] = {}
+    for e in read_jsonl(tmp_path / "p" / "events.jsonl"):
+        if e["kind"] == "rollout":
+            span = spans.setdefault(e["step"], [e["t_start"], e["t_end"]])
+            span[0], span[1] = min(span[0], e["t_start"]), max(span[1], e["t_end"])
+    assert any(spans[k + 1][0] < spans[k][1] for k in range(4)), "no step overlapped"
