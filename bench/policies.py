@@ -13,9 +13,11 @@ import argparse
 import platform
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from dynaresize.rundir import read_jsonl
 from dynaresize.sim.run import simulate
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -26,6 +28,39 @@ CASES = [  # (workload, gpus, requests per step): work-bound first, then tail-bo
     ("balanced", 16, 1024),
 ]
 POLICIES = ("static", "colocated", "borrow", "hysteresis", "oracle")
+UNSEEN = [  # (workload, gpus, requests, seed): seeds and GPU counts the controller was not
+    # tuned on, small (work-bound) and large (tail-bound) for their batch
+    ("dapo-7b", 24, 4096, 7), ("dapo-7b", 96, 4096, 11), ("agentic", 12, 512, 5),
+    ("agentic", 48, 512, 13), ("drift", 20, 2048, 3), ("balanced", 24, 1024, 9),
+]
+
+
+def drift_second_half(steps: int, staleness: int) -> str:
+    """`drift` (median doubling every 25 steps) on 32 GPUs: hysteresis vs the best static
+    split over the second half of the run, where the mean length has grown most."""
+    with tempfile.TemporaryDirectory() as out:
+        simulate("drift", 32, ("static", "hysteresis"), steps=steps, staleness=staleness,
+                 seed=0, requests_per_step=2048, out_dir=out)
+        half = {p: sum(m["step_s"] for m in read_jsonl(Path(out) / p / "metrics.jsonl")
+                       if m["step"] >= steps // 2) for p in ("static", "hysteresis")}
+    return (f"drift, 32 GPUs, {steps} steps, s={staleness}: second half "
+            f"{half['static'] / half['hysteresis']:.2f}x the best static split")
+
+
+def unseen_line(steps: int) -> str:
+    """hysteresis / best static on `UNSEEN`, both staleness values."""
+    ratios = []
+    for workload, gpus, requests, seed in UNSEEN:
+        for staleness in (1, 0):
+            res = simulate(workload, gpus, ("static", "hysteresis"), steps=steps,
+                           staleness=staleness, seed=seed, requests_per_step=requests)
+            thr = {r["policy"]: r["samples_per_s"] for r in res["results"]}
+            ratios.append(thr["hysteresis"] / thr["static"])
+            print(f"  unseen {workload} {gpus} GPUs seed {seed} s={staleness}: "
+                  f"{ratios[-1]:.3f}", flush=True)
+    return (f"unseen seeds and GPU counts ({len(ratios)} runs: "
+            f"{', '.join(f'{w} {g} GPUs' for w, g, _, _ in UNSEEN)}; both staleness values): "
+            f"hysteresis / best static {min(ratios):.2f}–{max(ratios):.2f}x")
 
 
 def row_of(results: list[dict], policy: str) -> dict | None:
@@ -69,11 +104,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {thr['hysteresis'] / thr['colocated']:.3f} "
                 f"| {closed:.0%} | {hyst.get('num_resizes', 0)} | {idle:.0f} |")
             print(lines[-1], flush=True)
+    extra = [] if args.quick else [
+        drift_second_half(40, 1), drift_second_half(40, 0), unseen_line(steps)]
+    for line in extra:
+        print(line, flush=True)
     header = (f"Samples/s in the twin (h100-7b cost model), {steps} steps, seed 0; measured "
               f"{time.strftime('%Y-%m-%d')} on {platform.machine()} "
               f"({platform.processor() or 'CPU'}), {time.time() - t0:.0f} s wall. "
               f"Reproduce: `python bench/policies.py`.")
-    table = "\n".join([header, "", *lines])
+    table = "\n".join([header, "", *lines, "", *(f"- {line}" for line in extra)])
     print(table)
     if not args.no_write and not args.quick:
         text = README.read_text()

@@ -11,7 +11,8 @@ Estimates, from the run's own measurements (exponential moving averages):
   groups; scales as 1/T);
 - pipelined rollouts (`RunView.pipelined`, staleness >= 1): the tail overlaps the next step's
   rollout, so a step's rollout costs `roll_dev_s` device-seconds (engines held, tail included;
-  scales as 1/R);
+  scales as 1/R), and its latency `latency_s` (start to last request) bounds the step from
+  below: 1 + s steps must cover it;
 - resize cost = the measured critical-path and wall times of past resizes;
 - staleness 0: the measured step time with and without lending engines at rollout end.
 
@@ -21,7 +22,8 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   only if it beats the current split by more than the hysteresis `band`, the expected saving
   over `horizon_steps` exceeds `cost_margin` x the resize cost, and the last change is at least
   `min_dwell_steps` old (or the lending mode just changed). Staleness 1: max(rollout, train),
-  the stages overlap; with pipelined rollouts max(roll_dev_s / R, train_dev_s / T).
+  the stages overlap; with pipelined rollouts max(roll_dev_s / R, train_dev_s / T,
+  latency / (1 + s)).
   Staleness 0: the trainers stream through about half of the bulk's groups and the released
   engines through the tail; the rest follows the rollout, on the trainers, or on every device
   when lending at rollout end pays (`_lending_pays`: predicted to beat never lending by the
@@ -75,6 +77,10 @@ class HysteresisController:
         self.train_dev_s: float | None = None
         self.roll_dev_s: float | None = None
         """Pipelined rollouts: device-seconds a step's rollout holds engines (EMA)."""
+        self.latency_s: float | None = None
+        """Pipelined rollouts: a step's rollout from its start to its last request (EMA)."""
+        self._latency_width = 1
+        """The rollout width `latency_s` was last measured at."""
         self._pipelined = False
         self._seen_steps = 0
         self._tail_start_s: float | None = None
@@ -100,6 +106,8 @@ class HysteresisController:
             self.train_dev_s = _ema(self.train_dev_s, timing.train_work_s, w)
             if timing.rollout_device_s > 0:
                 self.roll_dev_s = _ema(self.roll_dev_s, timing.rollout_device_s, w)
+                self.latency_s = _ema(self.latency_s, timing.rollout_s, w)
+                self._latency_width = timing.num_rollout_devices
             start = self._rollout_start_by_step.get(timing.step)
             tail_at = self._tail_start_by_step.get(timing.step)
             if start is not None and tail_at is not None:
@@ -123,9 +131,14 @@ class HysteresisController:
         if staleness == 0 and self.streams_training and self.p.release_tail:
             return self._stream_s0(num_rollout, num_devices, self._lend_ok)
         if staleness and self._pipelined and self.roll_dev_s is not None:
-            # the tail overlaps the next step's rollout: both stages cost device-seconds
+            # The tail overlaps the next step's rollout: both stages cost device-seconds.
+            # But step k + 1 + s waits for step k's last request, so 1 + s steps cover the
+            # rollout's latency: measured at one width, assumed to grow as 1/R below it and
+            # not to shrink above it (a latency-bound run then sees no split worth a move).
+            latency_s = (self.latency_s or 0.0) * max(1.0, self._latency_width / num_rollout)
             return max(self.roll_dev_s / num_rollout,
-                       self.train_dev_s / (num_devices - num_rollout))
+                       self.train_dev_s / (num_devices - num_rollout),
+                       latency_s / (1 + staleness))
         rollout = (self.tail_s or 0.0) + self.bulk_dev_s / num_rollout
         train = self.train_dev_s / (num_devices - num_rollout)
         return max(rollout, train) if staleness else rollout + train

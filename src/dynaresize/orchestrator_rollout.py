@@ -157,6 +157,8 @@ class RolloutLoop:
                          drain=self._may_drain)
         holder.append(run)
         self._run = run
+        if self.pipelined:  # the previous tail's engines join later: keep their share queued
+            run.expected_devices = lambda: len(self._rollout_devices())
         run.add_devices(engines)
         self._rollout_width[step] = len(self.allocation.rollout) if self.pipelined \
             else len(engines)

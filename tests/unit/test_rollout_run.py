@@ -115,3 +115,26 @@ def test_hand_off_releases_idle_devices_and_keeps_the_last_until_the_end() -> No
     assert sorted(d for d, _ in released) == [0, 1, 2, 3, 4] and finished
     # the others left as they emptied, the last one only once every request had completed
     assert all(remaining > 0 for _, remaining in released[:-1]) and released[-1][1] == 0
+
+
+def test_a_run_waiting_for_devices_gives_each_only_its_share() -> None:
+    """Pipelined runs start on a few engines: with `expected_devices`, no engine takes more
+    than ceil(remaining / expected) while the others are still to come; once they joined,
+    every request completes."""
+    async def main() -> tuple[int, list[Completion], list[FakeEngine]]:
+        engines = [FakeEngine(i) for i in range(4)]
+        run = RolloutRun(RealClock(), specs(40), max_running=16, slice_s=1.0,
+                         on_completions=lambda c: None)
+        run.expected_devices = lambda: 4
+        run.add_devices(engines[:1])
+        first_load = run._slots[0].load  # dispatched to it, before any slice ran
+        await asyncio.sleep(0)
+        run.add_devices(engines[1:])
+        await run.wait()
+        return first_load, run.completions, engines
+
+    first_load, completions, engines = asyncio.run(main())
+    assert first_load == 10  # 40 requests, 4 devices expected (not 16, its max_running)
+    assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(40))
+    assert all(e.max_seen <= 16 for e in engines) and {c.device for c in completions} \
+        == {0, 1, 2, 3}

@@ -80,6 +80,12 @@ class RolloutRun:
         self.finished = asyncio.Event()
         self.drained = asyncio.Event()
         """Set once every request has been dispatched to a device (the queue is empty)."""
+        self.expected_devices: Callable[[], int] | None = None
+        """How many devices this run will have once every device meant for it joined (a
+        pipelined run starts on a few and gains the rest from the previous step's tail):
+        until then no device gets more than its share, ceil(remaining / expected), so the
+        work waits in the queue for the devices still to come instead of in a few engines'
+        waiting lists. None: up to `max_running` each."""
         self._on_idle: Callable[[Device], None] | None = None
         """`hand_off`'s callback: where a device goes once nothing is left for it here."""
         self._slots: dict[int, _Slot] = {}
@@ -164,23 +170,31 @@ class RolloutRun:
         if not self.queue:
             self.drained.set()
 
+    def _limit(self) -> int:
+        """Most requests one device may hold now (`max_running`, or its share)."""
+        if self.expected_devices is None:
+            return self.max_running
+        share = max(self.expected_devices(), len(self._slots), 1)
+        return max(1, min(self.max_running, -(-self.remaining // share)))
+
     def _dispatch_greedy(self) -> None:
+        limit = self._limit()
         while self.queue and self._free:
             load, index = heapq.heappop(self._free)
             slot = self._slots.get(index)
-            if slot is None or slot.leaving or slot.load != load or load >= self.max_running:
+            if slot is None or slot.leaving or slot.load != load or load >= limit:
                 continue  # stale entry
             slot.pending.append(self.queue.popleft())
             slot.load += 1
             slot.wake.set()
-            if slot.load < self.max_running:
+            if slot.load < limit:
                 heapq.heappush(self._free, (slot.load, index))
 
     def _dispatch_bulk(self) -> None:
         """`_dispatch` for a long queue, the same assignment in O(queue + devices log devices):
         the greedy fills device slots in (load, device index) order, i.e. level by level
         from the lowest load, each level in device order. Rebuilds the candidate heap."""
-        limit = self.max_running
+        limit = self._limit()
         candidates = sorted((slot.load, index) for index, slot in self._slots.items()
                             if not slot.leaving and slot.load < limit)
         queue, slots = self.queue, self._slots
