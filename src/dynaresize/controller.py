@@ -30,6 +30,9 @@ class Move:
     blocking: bool = False
     """At step start: True delays the step's rollout until the resize is done (forced
     schedules); False lets the rollout start and the devices join when the boundary comes."""
+    idle_first: bool = False
+    """rollout->train: take the rollout devices with no request left first (nothing to
+    migrate), as found when the resize runs; then the usual highest-index ones."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ class RunView:
     pipelined: bool = False
     """Step k + 1's rollout starts on the engines step k's tail empties
     (`orchestrator_rollout`): the rollout costs its device-seconds, its tail overlaps."""
+    rollout_idle: int = 0
+    """Rollout devices of the running step with no request left once its queue is empty
+    (they have nothing more to do in this step); 0 while requests are queued."""
     train_todo: float = 0.0
     """Streaming: the fraction of the oldest untrained step's micro-batches that no training
     device holds yet (its remaining training work); 0 without streaming."""

@@ -243,6 +243,9 @@ class HysteresisController:
             self._tail_start_s = view.now_s
             self._tail_start_by_step[view.step] = view.now_s
         streaming = self.streams_training
+        idle_move = self._lend_idle(view, r)
+        if idle_move:
+            return idle_move
         if (not self.p.release_tail or view.staleness != 0 or
                 (not streaming and view.step in self._released) or
                 r > self._tail_target.get(view.step, r) or
@@ -272,6 +275,31 @@ class HysteresisController:
         self._released[view.step] = self._released.get(view.step, 0) + release
         self._tail_target[view.step] = r - release  # the next wave waits for this one
         return [Move("rollout->train", release)]
+
+    def _lend_idle(self, view: RunView, r: int) -> list[Move]:
+        """Staleness 0, streaming: engines the step's tail has emptied have nothing to do
+        until the next step's rollout; lend them to training (nothing migrates), at least a
+        quarter of the engines at a time, when the training still to do gains more from
+        them than `cost_margin` resizes cost (before any resize was measured, also more than
+        `UNMEASURED_GAIN` of the measured step time)."""
+        idle = min(view.rollout_idle, r - 1)
+        if (not self.streams_training or not self.p.release_tail or view.staleness != 0
+                or idle < max(1, r // 4) or view.num_pending_resizes
+                or r > self._tail_target.get(view.step, r) or self.train_dev_s is None):
+            return []
+        t = len(view.allocation.train)
+        todo_dev_s = view.train_todo * self.train_dev_s
+        gain_s = todo_dev_s / t - todo_dev_s / (t + idle)
+        bar_s = self.p.cost_margin * self._round_trip_s
+        if not self._round_trip_measured and view.history:
+            last = view.history[-1]
+            step_s = self._mode_step_s.get(self._lend_ok, last.rollout_s + last.train_s)
+            bar_s = max(bar_s, UNMEASURED_GAIN * step_s)
+        if gain_s <= bar_s:
+            return []
+        self._released[view.step] = self._released.get(view.step, 0) + idle
+        self._tail_target[view.step] = r - idle
+        return [Move("rollout->train", idle, idle_first=True)]
 
     def at_rollout_end(self, view: RunView) -> list[Move]:
         """Staleness 0, streaming: the next rollout waits for this step's update anyway, so

@@ -230,7 +230,8 @@ class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
                        resize_wall_s=self._resize_wall_s,
                        num_pending_resizes=self._num_pending_resizes,
                        train_busy=self._train_lock.locked(),
-                       train_todo=self._train_todo(), pipelined=self.pipelined)
+                       train_todo=self._train_todo(), pipelined=self.pipelined,
+                       rollout_idle=len(run.idle_devices()) if run else 0)
 
     # ------------------------------------------------------------------ end
     async def _finish(self) -> dict[str, Any]:

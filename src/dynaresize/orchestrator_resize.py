@@ -23,21 +23,24 @@ class ResizeHooks:
     """Mixin: needs the `Orchestrator` state (allocation, executor, the train lock, the
     running rollout, versions, recovery)."""
 
-    def _resize_soon(self, move: str, num_devices: int, step: int) -> asyncio.Future[Any]:
+    def _resize_soon(self, move: str, num_devices: int, step: int,
+                     idle_first: bool = False) -> asyncio.Future[Any]:
         """Start a resize in the background (it waits for the next optimizer-step boundary)."""
         self._num_pending_resizes += 1
 
         async def go() -> None:
             try:
-                await self.resize(move, num_devices, step)
+                await self.resize(move, num_devices, step, idle_first)
             finally:
                 self._num_pending_resizes -= 1
 
         return asyncio.ensure_future(go())
 
-    async def resize(self, move: str, num_devices: int, step: int) -> ResizeReport | None:
+    async def resize(self, move: str, num_devices: int, step: int,
+                     idle_first: bool = False) -> ResizeReport | None:
         """Move `num_devices` devices (`move`: 'rollout->train' | 'train->rollout') at the next
         optimizer-step boundary; on failure the old allocation stays and the run goes on.
+        `idle_first`: rollout devices with no request left go first (`Move.idle_first`).
         Returns None (and counts it as skipped) if the move would now empty a pool, e.g.
         because an earlier forced resize was rolled back."""
         self._resizes_requested += 1
@@ -54,7 +57,8 @@ class ResizeHooks:
             raise
         try:
             try:
-                target = target_allocation(self.allocation, move, num_devices)
+                idle = tuple(self._run.idle_devices()) if idle_first and self._run else ()
+                target = target_allocation(self.allocation, move, num_devices, idle)
             except ValueError as exc:
                 self.skipped_resizes.append(f"step {step}: {exc}")
                 return None

@@ -91,7 +91,8 @@ class RolloutLoop:
                         ending = None
                     await self.resize(move.move, move.num_devices, step)
                 else:  # applied when the boundary comes; devices join the running step
-                    fired.append(self._resize_soon(move.move, move.num_devices, step))
+                    fired.append(self._resize_soon(move.move, move.num_devices, step,
+                                                   move.idle_first))
             if ending is not None and self._resizes_requested:
                 await ending  # no pipelining while a resize is pending
                 ending = None
@@ -149,7 +150,8 @@ class RolloutLoop:
             if not getattr(self.controller, "needs_progress", True) or holder[0] is not self._run:
                 return
             for move in self.controller.on_rollout_progress(self.view()):
-                fired.append(self._resize_soon(move.move, move.num_devices, step))
+                fired.append(self._resize_soon(move.move, move.num_devices, step,
+                                                   move.idle_first))
 
         started_s = self._rollout_started_s = self.clock.now()
         run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
@@ -187,7 +189,8 @@ class RolloutLoop:
         self.rundir.samples(got.records)
         self._future(step).set_result(got)
         for move in self.controller.at_rollout_end(self.view()):
-            fired.append(self._resize_soon(move.move, move.num_devices, step))
+            fired.append(self._resize_soon(move.move, move.num_devices, step,
+                                                   move.idle_first))
         await asyncio.gather(*fired)
 
     # ------------------------------------------------------------------ engines

@@ -128,3 +128,23 @@ def test_unmeasured_lending_must_beat_the_models_own_error() -> None:
 
     assert decide(1.0)          # the model matched the measured step: the band is enough
     assert not decide(1.5)      # it missed by 50 %: its predicted gain is not trusted
+
+
+def test_staleness_0_lends_engines_the_tail_emptied_without_migrating() -> None:
+    """Streaming, staleness 0: once a quarter of the engines have nothing left in the step,
+    they go to training (idle ones first: nothing migrates) if the training still to do
+    gains more than the resizes cost; not at staleness 1, not when training is done."""
+    def progress(staleness: int, idle: int, todo: float) -> list:
+        ctl = HysteresisController(HysteresisParams())
+        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 20.0, 800.0, 300.0
+        ctl._round_trip_s, ctl._round_trip_measured = 1.0, True
+        v = RunView(step=3, now_s=50.0, allocation=Allocation.initial(8, 2),
+                    staleness=staleness, rollout_total=100, rollout_finished=60,
+                    rollout_idle=idle, train_todo=todo,
+                    history=[timing(2, 100.0, 1.0, 8, 2)])
+        return [(m.move, m.num_devices, m.idle_first) for m in ctl.on_rollout_progress(v)]
+
+    assert progress(0, 3, 0.5) == [("rollout->train", 3, True)]
+    assert progress(0, 1, 0.5) == []   # fewer than a quarter of the engines
+    assert progress(1, 3, 0.5) == []   # staleness 1: pipelined rollouts use them
+    assert progress(0, 3, 0.0) == []   # nothing left to train

@@ -75,3 +75,13 @@ def test_critical_path_ignores_deferrable_ops() -> None:
 def test_no_change_is_an_empty_plan() -> None:
     src = Allocation.initial(2, 2)
     assert plan_resize(src, src).ops == ()
+
+
+def test_preferred_rollout_devices_leave_first() -> None:
+    """Move.idle_first: engines with nothing left to run go first (nothing migrates), then
+    the usual highest-index ones; preferences outside the rollout pool are ignored."""
+    alloc = Allocation.initial(5, 1)  # rollout 0..4, train 5
+    assert choose_devices(alloc, "rollout->train", 2, prefer=(1,)) == (1, 4)
+    assert choose_devices(alloc, "rollout->train", 2, prefer=(3, 0, 5)) == (0, 3)
+    assert choose_devices(alloc, "rollout->train", 1, prefer=(2, 0)) == (2,)
+    assert choose_devices(alloc, "rollout->train", 2, prefer=()) == (3, 4)

@@ -63,11 +63,16 @@ class ResizePlan:
         return [op.kind for op in self.ops]
 
 
-def choose_devices(alloc: Allocation, move: str, num_devices: int) -> tuple[int, ...]:
-    """The devices that move (deterministic, see module docstring)."""
+def choose_devices(alloc: Allocation, move: str, num_devices: int,
+                   prefer: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The devices that move (deterministic, see module docstring); rollout->train takes the
+    rollout devices in `prefer` first (e.g. engines with nothing left to run)."""
     if move == "rollout->train":
         pool = alloc.rollout
-        chosen = pool[len(pool) - num_devices:]
+        first = [d for d in prefer if d in pool][:max(0, num_devices)]
+        others = [d for d in pool if d not in first]
+        need = num_devices - len(first)
+        chosen = tuple(sorted(first + (others[len(others) - need:] if need > 0 else [])))
         remaining = len(pool) - num_devices
     elif move == "train->rollout":
         pool = alloc.train
@@ -82,8 +87,9 @@ def choose_devices(alloc: Allocation, move: str, num_devices: int) -> tuple[int,
     return tuple(chosen)
 
 
-def target_allocation(alloc: Allocation, move: str, num_devices: int) -> Allocation:
-    devices = choose_devices(alloc, move, num_devices)
+def target_allocation(alloc: Allocation, move: str, num_devices: int,
+                      prefer: tuple[int, ...] = ()) -> Allocation:
+    devices = choose_devices(alloc, move, num_devices, prefer)
     role = Role.TRAIN if move == "rollout->train" else Role.ROLLOUT
     return alloc.with_roles({d: role for d in devices})
 

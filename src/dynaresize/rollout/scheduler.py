@@ -102,6 +102,12 @@ class RolloutRun:
     def devices(self) -> list[int]:
         return sorted(i for i, s in self._slots.items() if not s.leaving)
 
+    def idle_devices(self) -> list[int]:
+        """Devices with nothing left to run here: no request, and none queued for anyone."""
+        if self.queue:
+            return []
+        return sorted(i for i, s in self._slots.items() if not s.leaving and s.load == 0)
+
     # ------------------------------------------------------------------ membership
     def add_devices(self, devices: Sequence[Device]) -> None:
         """Start serving on `devices` (at step start, or joining mid-step)."""
