@@ -117,6 +117,8 @@ class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
         self._rollout_version = 0
         self.pipelined = False
         """Step k + 1's rollout may start during step k's tail (set by `run`)."""
+        self._idle_matters = cfg.run.staleness == 0
+        """`RunView.rollout_idle` is read at staleness 0 only (O(devices) to count)."""
         self._resizes_requested = 0
         """Resizes asked for and not yet done: no rollout pipelining meanwhile."""
         self._served_version = 0
@@ -231,7 +233,8 @@ class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
                        num_pending_resizes=self._num_pending_resizes,
                        train_busy=self._train_lock.locked(),
                        train_todo=self._train_todo(), pipelined=self.pipelined,
-                       rollout_idle=len(run.idle_devices()) if run else 0)
+                       rollout_idle=len(run.idle_devices()) if run and self._idle_matters
+                       else 0)
 
     # ------------------------------------------------------------------ end
     async def _finish(self) -> dict[str, Any]:

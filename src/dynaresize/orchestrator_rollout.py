@@ -160,7 +160,7 @@ class RolloutLoop:
         holder.append(run)
         self._run = run
         if self.pipelined:  # the previous tail's engines join later: keep their share queued
-            run.expected_devices = lambda: len(self._rollout_devices())
+            run.expected_devices = self._num_rollout_devices
         run.add_devices(engines)
         self._rollout_width[step] = len(self.allocation.rollout) if self.pipelined \
             else len(engines)
@@ -192,6 +192,11 @@ class RolloutLoop:
             fired.append(self._resize_soon(move.move, move.num_devices, step,
                                                    move.idle_first))
         await asyncio.gather(*fired)
+
+    def _num_rollout_devices(self) -> int:
+        """len(self._rollout_devices()) in O(1): devices serving early are training devices,
+        devices leaving are rollout devices."""
+        return len(self.allocation.rollout) + len(self._serving_early) - len(self._leaving)
 
     # ------------------------------------------------------------------ engines
     def _on_lost(self, holder: list[RolloutRun], version: int) -> Any:

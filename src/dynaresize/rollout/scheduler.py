@@ -33,6 +33,9 @@ from dynaresize.types import Completion, InflightRequest, RequestSpec
 Work = RequestSpec | InflightRequest
 DRAIN_SLICES = 100
 """A draining `run_rollout` call lasts at most this many slices."""
+BULK_MIN_FREE = 16
+"""A long queue goes out in bulk (`_dispatch_bulk`, O(devices log devices)) only when at least
+this many devices may take work; after a completion or two the greedy heap is cheaper."""
 PROGRESS_FRACTION = 0.01
 """`on_completions` gets completions in batches of at least this share of the requests in
 flight (module docstring); 0: every device return is reported."""
@@ -141,7 +144,8 @@ class RolloutRun:
     def _maybe_release(self, slot: _Slot) -> bool:
         """Hand `slot`'s device to `_on_idle` if it may go (see `hand_off`)."""
         if self._on_idle is None or slot.leaving or self.queue or (
-                self.remaining and sum(not s.leaving for s in self._slots.values()) <= 1):
+                self.remaining and not any(s is not slot and not s.leaving
+                                           for s in self._slots.values())):
             return False
         slot.leaving = True
         self._slots.pop(slot.device.index, None)
@@ -169,7 +173,7 @@ class RolloutRun:
 
     def _dispatch(self) -> None:
         """Give queued work to the least-loaded device with a free slot (ties: lowest index)."""
-        if len(self.queue) > len(self._slots):
+        if len(self.queue) > len(self._slots) and len(self._free) > BULK_MIN_FREE:
             self._dispatch_bulk()
         else:
             self._dispatch_greedy()
