@@ -147,7 +147,9 @@ class Recovery:
         run = orch._run
         if run is None:
             return
-        serving = set(run.devices())
+        serving = set(run.devices()) | orch._tail_devices  # pipelined: busy elsewhere
+        if orch._tail_run is not None:
+            serving |= set(orch._tail_run.devices())
         for d in orch._rollout_devices():
             if d.index not in serving:
                 version, handle = orch.current_weights()

@@ -229,3 +229,25 @@ def test_pipelined_tail_whose_last_engine_dies_is_finished_by_the_newest_step(
     assert len(records) == len(keys) == 4 * 256
     assert all(r["version"] == max(0, r["step"] - 1) for r in records)
     assert killed[0] not in {r["device"] for r in records if r["step"] >= 2}
+
+
+def test_pipelined_rollout_error_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device error (no recovery) in a pipelined step, before its queue drained, fails the
+    run with that error instead of leaving the loop waiting for the drain."""
+    from dynaresize.sim.device import SimDevice
+
+    workload = get_workload("dapo-7b", seed=2, requests_per_step=2048)  # > 2 x 256 slots
+    costs = get_cost_model("h100-7b")
+    cfg = sim_config(workload, 2, 2, 4, 1, 0, costs)
+    orig = SimDevice.run_rollout
+    calls = [0]
+
+    async def run_rollout(self, max_s, until_empty=False):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == 40:
+            raise RuntimeError("engine crashed")
+        return await orig(self, max_s, until_empty)
+
+    monkeypatch.setattr(SimDevice, "run_rollout", run_rollout)
+    with pytest.raises(RuntimeError, match="engine crashed"):
+        run_config(cfg, workload, costs, controller=StreamingStatic())

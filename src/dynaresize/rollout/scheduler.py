@@ -95,8 +95,13 @@ class RolloutRun:
         self._free: list[tuple[int, int]] = []
         """Heap of (load, device) candidates; stale entries are skipped when popped."""
         if self.remaining == 0:
-            self.finished.set()
-            self.drained.set()
+            self._set_finished()
+
+    def _set_finished(self) -> None:
+        """Every request completed, or the run failed: either way nothing waits to be
+        dispatched any more (a loop waiting for `drained` moves on, then sees the error)."""
+        self.finished.set()
+        self.drained.set()
 
     @property
     def num_finished(self) -> int:
@@ -251,7 +256,7 @@ class RolloutRun:
             if self.on_device_lost is None:  # fail the run with this error (wait() raises it)
                 if self.error is None:
                     self.error = exc
-                self.finished.set()
+                self._set_finished()
                 return
             self._lose(slot, exc)
 
@@ -269,7 +274,7 @@ class RolloutRun:
         assert self.on_device_lost is not None
         if not self.on_device_lost(slot.device, exc):
             self.error = exc
-            self.finished.set()
+            self._set_finished()
         self._dispatch()
 
     async def _serve(self, slot: _Slot) -> None:
@@ -306,7 +311,7 @@ class RolloutRun:
                 if self.queue:
                     self._dispatch()
                 if self.remaining == 0:
-                    self.finished.set()
+                    self._set_finished()
                 if slot.load == 0 and self._maybe_release(slot):
                     return
 
