@@ -29,7 +29,8 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   when lending at rollout end pays (`_lending_pays`: predicted to beat never lending by the
   band, plus the model's own error until a resize has been measured). Devices released in the
   previous step come back here (blocking at staleness 0, before the rollout starts).
-- intra-step, staleness 0 (`on_rollout_progress`): once the remaining requests fit on fewer
+- intra-step, staleness 0 (`on_rollout_progress`): engines the tail has emptied go to training
+  (`_lend_idle`, idle ones first: nothing migrates); once the remaining requests fit on fewer
   engines at `tail_batch` each, release the surplus engines to training in waves (each at
   least a quarter of the engines; the next after the previous one applied) while the tail is
   predicted to outlast `cost_margin` resizes; `at_rollout_end`: lend every engine but one.

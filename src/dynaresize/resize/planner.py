@@ -20,7 +20,8 @@ train → rollout move, for the rollout stage, is load_weights → alloc_kv → 
 
 Which devices move is a pure function of the allocation (rollout → train: the highest-index
 rollout devices; train → rollout: the lowest-index training devices), so the live run and the
-simulator produce the same sequence of allocations and ops.
+simulator produce the same sequence of allocations and ops; a controller move may ask for the
+rollout devices with nothing left to run first (`prefer`), which then depends on timing.
 """
 
 from __future__ import annotations
