@@ -183,8 +183,10 @@ class RolloutLoop:
         for device, (a, b) in run.busy_s.items():
             self.rundir.event(a, b, device, "rollout", critical=True, step=step)
         expected = {(p, j) for p in by_id for j in range(cfg.task.samples_per_prompt)}
+        fut = self._streams.get(step)
+        built = fut.result().samples if fut is not None and fut.done() else None
         got = assemble_step(step, version, expected, run.completions, rewards, rollout_s,
-                            cfg.output.record_tokens)
+                            cfg.output.record_tokens, built)
         got.rollout_device_s = sum(b - a for a, b in run.busy_s.values())
         self.rundir.samples(got.records)
         self._future(step).set_result(got)

@@ -6,7 +6,7 @@ step's fixed version), computes GRPO advantages per prompt group, and builds the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -104,7 +104,11 @@ def group_samples(step: int, version: int, prompt: int, group: Sequence[Completi
 
 def assemble_step(step: int, version: int, expected: set[tuple[int, int]],
                   completions: list[Completion], rewards: dict[tuple[int, int], float],
-                  rollout_s: float, record_tokens: bool = False) -> StepSamples:
+                  rollout_s: float, record_tokens: bool = False,
+                  built: Mapping[tuple[int, int], TrainSample] | None = None) -> StepSamples:
+    """The step's training samples (GRPO groups in (prompt, sample) order), its records and
+    totals; raises if a sample is missing or extra. `built`: the samples a `StepStream`
+    already made from these completions (same `group_samples`, checked there), reused."""
     by_key: dict[tuple[int, int], Completion] = {}
     for c in completions:
         spec = c.spec
@@ -127,7 +131,10 @@ def assemble_step(step: int, version: int, expected: set[tuple[int, int]],
             stop += 1
         group = [by_key[k] for k in keys[start:stop]]
         group_rewards = [rewards[k] for k in keys[start:stop]]
-        samples.extend(group_samples(step, version, prompt, group, group_rewards))
+        if built is not None and len(built) == len(by_key):
+            samples.extend(built[k] for k in keys[start:stop])
+        else:
+            samples.extend(group_samples(step, version, prompt, group, group_rewards))
         ordered.extend(group)
         for c, reward in zip(group, group_rewards):
             reward_sum += reward

@@ -94,6 +94,11 @@ class StepStream:
                                [r for _, r in group]):
             self._samples[(prompt, s.sample)] = s
 
+    @property
+    def samples(self) -> dict[tuple[int, int], TrainSample]:
+        """(prompt, sample) → training sample, for every complete group so far."""
+        return self._samples
+
     def micro_batch(self, m: int) -> list[TrainSample]:
         """Micro-batch `m` (ready ones only)."""
         return [self._samples[key] for key in self._mb_keys[m]]

@@ -40,6 +40,10 @@ def test_streamed_micro_batches_equal_the_full_steps(micro_batch_size: int) -> N
     reference = make_micro_batches(full.samples, micro_batch_size)
     assert [stream.micro_batch(m) for m in range(stream.num_micro_batches)] == reference
     assert sorted(stream.ready) == list(range(len(reference)))
+    # assembling the step from the stream's samples (not rebuilding them) changes nothing
+    reused = assemble_step(1, 0, expected, comps, rewards, 0.0, built=stream.samples)
+    assert reused.samples == full.samples and list(reused.records) == list(full.records)
+    assert all(a is stream.samples[(a.prompt, a.sample)] for a in reused.samples)
 
 
 def test_a_micro_batch_waits_for_its_whole_group() -> None:
