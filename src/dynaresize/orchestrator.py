@@ -117,8 +117,6 @@ class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
         self._rollout_version = 0
         self.pipelined = False
         """Step k + 1's rollout may start during step k's tail (set by `run`)."""
-        self._idle_matters = cfg.run.staleness == 0
-        """`RunView.rollout_idle` is read at staleness 0 only (O(devices) to count)."""
         self._resizes_requested = 0
         """Resizes asked for and not yet done: no rollout pipelining meanwhile."""
         self._served_version = 0
@@ -153,6 +151,8 @@ class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
         self.streaming = bool(getattr(self.controller, "streams_training", False)
                               and cfg.controller.stream_training and cfg.train.exact_reduction)
         """Training streams over completed groups (`dynaresize.stream`)."""
+        self._idle_matters = cfg.run.staleness == 0 and self.streaming
+        """`RunView.rollout_idle` is read at staleness 0 with streaming only (O(devices))."""
         self._streams: dict[int, asyncio.Future[StepStream]] = {}
         self._stream_changed = asyncio.Event()
         self._holdings: tuple[Holdings, StepStream] | None = None
