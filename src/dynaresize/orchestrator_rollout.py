@@ -272,7 +272,10 @@ class RolloutLoop:
         if not stale:
             return
         t0 = self.clock.now()
-        await asyncio.gather(*(d.load_weights(version, handle) for d in stale))
+        if len(stale) == 1:  # an engine joining from the previous tail (the common case)
+            await stale[0].load_weights(version, handle)
+        else:
+            await asyncio.gather(*(d.load_weights(version, handle) for d in stale))
         t1 = self.clock.now()
         for d in stale:
             self.engine_version[d.index] = version
