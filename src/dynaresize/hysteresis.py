@@ -59,6 +59,8 @@ class HysteresisParams:
     ema: float = 0.5
 
 
+MEASURED_FOR_STEPS = 10
+"""A split's measured step time guides the split choice for this many steps."""
 UNMEASURED_GAIN = 0.2
 """Lending engines at rollout end before any step was measured must promise 20 %."""
 
@@ -95,7 +97,15 @@ class HysteresisController:
         self._lend_ok = False
         """Staleness 0: lend the engines at rollout end this step (`_lending_pays`)."""
         self._step_start_s: dict[int, float] = {}
-        self._lent_at_end: set[int] = set()
+        self._mode_of_step: dict[int, bool] = {}
+        self._split_of_step: dict[int, int] = {}
+        """The split (rollout devices) each step was planned at."""
+        self._split_step_s: dict[tuple[bool, int], tuple[float, int]] = {}
+        """Measured step time (EMA) per (lending mode, split): a split the model favours but
+        that measured slower is not chosen again on the model's word), and the last step it
+        was measured in: measurements older than `MEASURED_FOR_STEPS` are forgotten (the
+        workload may have drifted)."""
+        """Staleness 0: whether each step ran in lending mode (its split chosen for lending)."""
         self._mode_step_s: dict[bool, float] = {}
         """Staleness 0: measured step time (EMA) with and without lending at rollout end."""
         self._last_change_step = -10**9
@@ -168,12 +178,23 @@ class HysteresisController:
 
     def _measure_mode(self, view: RunView) -> None:
         """Staleness 0: the previous step's duration (step start to step start), filed under
-        whether it lent its engines at rollout end."""
+        the mode it ran in (its split was chosen for lending or not; whether the lend at
+        rollout end then fired too is the mode's business: a lending-mode split whose lend
+        never pays must count against lending)."""
         prev = self._step_start_s.get(view.step - 1)
         self._step_start_s[view.step] = view.now_s
-        if prev is None or view.staleness != 0:
+        if prev is None:
             return
-        lent = (view.step - 1) in self._lent_at_end
+        lent = self._mode_of_step.get(view.step - 1, False)
+        split = self._split_of_step.get(view.step - 1)
+        if split is not None and view.step - 1 > 0:  # step 0 fills the pipeline
+            key = (lent, split)
+            old = self._split_step_s.get(key)
+            fresh = old if old is not None and view.step - old[1] <= MEASURED_FOR_STEPS else None
+            self._split_step_s[key] = (_ema(fresh[0] if fresh else None, view.now_s - prev,
+                                            self.p.ema), view.step)
+        if view.staleness != 0:
+            return
         self._mode_step_s[lent] = _ema(self._mode_step_s.get(lent), view.now_s - prev,
                                        self.p.ema)
 
@@ -208,25 +229,59 @@ class HysteresisController:
         # Staleness 0: nothing trains between two steps, so the split changes before the
         # rollout starts (it then runs, and is measured, at its full width).
         blocking = view.staleness == 0
+        self._mode_of_step[view.step] = self._lend_ok
+        self._split_of_step[view.step] = r + returning
         if self.bulk_dev_s is None or self.train_dev_s is None or view.num_pending_resizes:
             return [Move("train->rollout", returning, blocking)] if returning else []
         base = r + returning  # the split before the tail release
         was_ok = self._lend_ok
         self._lend_ok = view.staleness == 0 and self.streams_training and \
             self.p.release_tail and self._lending_pays(n, r + returning)
-        best = min(range(1, n), key=lambda k: (self.predict_step_s(k, n, view.staleness),
-                                               abs(k - base)))
-        now_s = self.predict_step_s(base, n, view.staleness)
-        gain_s = now_s - self.predict_step_s(best, n, view.staleness)
+        self._mode_of_step[view.step] = self._lend_ok
+        score = self._split_scores(n, base, view.staleness)
+        best = min(range(1, n), key=lambda k: (score(k), abs(k - base)))
+        now_s = score(base)
+        gain_s = now_s - score(best)
         # a change of lending mode re-plans the split at once (it was chosen for the mode)
         dwell_ok = (view.step - self._last_change_step >= self.p.min_dwell_steps
                     or was_ok != self._lend_ok)
         worth = (gain_s > self.p.band * now_s and
                  gain_s * self.p.horizon_steps > self.p.cost_margin * self._cost_s(view))
         target = best if (dwell_ok and worth) else base
+        self._split_of_step[view.step] = target
         if target != base:
             self._last_change_step = view.step
         return self._moves_to(r, target, blocking)
+
+    def _split_scores(self, n: int, base: int, staleness: int):  # type: ignore[no-untyped-def]
+        """Step time per split, for choosing one: measured (this lending mode) where the
+        split has run, else the model's prediction scaled by how far the model missed the
+        current split's measurement (trust its shape, not its level), and no better than a
+        split measured on the way there from the current one (a direction that measured
+        slower is not explored further on the model's word)."""
+        mode = self._lend_ok
+
+        def predicted(k: int) -> float:
+            return self.predict_step_s(k, n, staleness)
+
+        got_base = self._split_step_s.get((mode, base))
+        measured_base = got_base[0] if got_base else None
+        base_pred = predicted(base)
+        scale = measured_base / base_pred if measured_base and base_pred > 0 else 1.0
+
+        now = max((s for _, s in self._split_step_s.values()), default=0)
+        measured = {k: v for (m, k), (v, s) in self._split_step_s.items()
+                    if m == mode and now - s <= MEASURED_FOR_STEPS}
+
+        def score(k: int) -> float:
+            got = measured.get(k)
+            if got is not None:
+                return got
+            lo, hi = (base, k) if k > base else (k, base)
+            on_the_way = [v for j, v in measured.items()
+                          if lo < j < hi or j == k or (j != base and lo <= j <= hi)]
+            return max([scale * predicted(k), *on_the_way])
+        return score
 
     def _moves_to(self, num_rollout: int, target: int, blocking: bool = False) -> list[Move]:
         if target > num_rollout:
@@ -291,7 +346,7 @@ class HysteresisController:
         t = len(view.allocation.train)
         todo_dev_s = view.train_todo * self.train_dev_s
         gain_s = todo_dev_s / t - todo_dev_s / (t + idle)
-        bar_s = self.p.cost_margin * self._round_trip_s
+        bar_s = self.p.cost_margin * 2 * self._round_trip_s  # there and back
         if not self._round_trip_measured and view.history:
             last = view.history[-1]
             step_s = self._mode_step_s.get(self._lend_ok, last.rollout_s + last.train_s)
@@ -316,7 +371,6 @@ class HysteresisController:
         gain_s = todo_dev_s / t - todo_dev_s / (t + r - 1)
         if gain_s < self.p.cost_margin * 2 * self._round_trip_s:
             return []
-        self._lent_at_end.add(view.step)
         self._released[view.step] = self._released.get(view.step, 0) + r - 1
         return [Move("rollout->train", r - 1)]
 

@@ -148,3 +148,19 @@ def test_staleness_0_lends_engines_the_tail_emptied_without_migrating() -> None:
     assert progress(0, 1, 0.5) == []   # fewer than a quarter of the engines
     assert progress(1, 3, 0.5) == []   # staleness 1: pipelined rollouts use them
     assert progress(0, 3, 0.0) == []   # nothing left to train
+
+
+def test_a_split_that_measured_slower_is_not_chosen_again_on_the_models_word() -> None:
+    """The split choice uses measured step times where a split has run (and no better than
+    a split measured on the way there), the model only for the rest, scaled to the
+    current split's measurement."""
+    ctl = HysteresisController(HysteresisParams())
+    ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 1.0, 100.0, 400.0  # model: more rollout
+    n, base = 16, 4
+    model = ctl._split_scores(n, base, 1)
+    assert min(range(1, n), key=model) > base  # the model alone would move
+    ctl._split_step_s = {(False, 4): (10.0, 5), (False, 8): (12.0, 5)}  # 8 measured slower
+    score = ctl._split_scores(n, base, 1)
+    assert score(8) == 12.0 and score(12) >= 12.0  # past 8, still no better than 8
+    # only the unmeasured splits short of the one that measured slower remain candidates
+    assert base <= min(range(1, n), key=lambda k: (score(k), abs(k - base))) < 8
