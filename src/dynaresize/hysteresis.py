@@ -41,6 +41,7 @@ micro-batches as their groups complete, see `dynaresize.stream`):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynaresize.config import Config
@@ -67,6 +68,11 @@ UNMEASURED_GAIN = 0.2
 
 def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+def _speedup_s(work_dev_s: float, num_devices: int, extra: int) -> float:
+    """Seconds saved on `work_dev_s` device-seconds by `extra` more than `num_devices`."""
+    return work_dev_s / num_devices - work_dev_s / (num_devices + extra)
 
 
 class HysteresisController:
@@ -177,7 +183,8 @@ class HysteresisController:
         return best_lend < (1 - margin) * best_keep
 
     def _measure_mode(self, view: RunView) -> None:
-        """Staleness 0: the previous step's duration (step start to step start), filed under
+        """The previous step's duration (step start to step start), filed under the split it
+        was planned at (`_split_step_s`, from its second step on) and, at staleness 0, under
         the mode it ran in (its split was chosen for lending or not; whether the lend at
         rollout end then fired too is the mode's business: a lending-mode split whose lend
         never pays must count against lending)."""
@@ -238,7 +245,7 @@ class HysteresisController:
         self._lend_ok = view.staleness == 0 and self.streams_training and \
             self.p.release_tail and self._lending_pays(n, r + returning)
         self._mode_of_step[view.step] = self._lend_ok
-        score = self._split_scores(n, base, view.staleness)
+        score = self._split_scores(n, base, view.staleness, view.step)
         best = min(range(1, n), key=lambda k: (score(k), abs(k - base)))
         now_s = score(base)
         gain_s = now_s - score(best)
@@ -253,7 +260,8 @@ class HysteresisController:
             self._last_change_step = view.step
         return self._moves_to(r, target, blocking)
 
-    def _split_scores(self, n: int, base: int, staleness: int):  # type: ignore[no-untyped-def]
+    def _split_scores(self, n: int, base: int, staleness: int,
+                      step: int) -> Callable[[int], float]:
         """Step time per split, for choosing one: measured (this lending mode) where the
         split has run, else the model's prediction scaled by how far the model missed the
         current split's measurement (trust its shape, not its level), and no better than a
@@ -269,17 +277,15 @@ class HysteresisController:
         base_pred = predicted(base)
         scale = measured_base / base_pred if measured_base and base_pred > 0 else 1.0
 
-        now = max((s for _, s in self._split_step_s.values()), default=0)
         measured = {k: v for (m, k), (v, s) in self._split_step_s.items()
-                    if m == mode and now - s <= MEASURED_FOR_STEPS}
+                    if m == mode and step - s <= MEASURED_FOR_STEPS}
 
         def score(k: int) -> float:
             got = measured.get(k)
             if got is not None:
                 return got
-            lo, hi = (base, k) if k > base else (k, base)
-            on_the_way = [v for j, v in measured.items()
-                          if lo < j < hi or j == k or (j != base and lo <= j <= hi)]
+            lo, hi = min(base, k), max(base, k)
+            on_the_way = [v for j, v in measured.items() if j != base and lo <= j <= hi]
             return max([scale * predicted(k), *on_the_way])
         return score
 
@@ -320,7 +326,7 @@ class HysteresisController:
                          / self.p.cost_margin)
         tail_left_s = self.tail_s - (view.now_s - self._tail_start_s)
         t = len(view.allocation.train)
-        train_gain_s = self.train_dev_s / t - self.train_dev_s / (t + release)
+        train_gain_s = _speedup_s(self.train_dev_s, t, release)
         if tail_left_s < self.p.cost_margin * cost_s or (
                 not streaming and train_gain_s < self.p.cost_margin * 2 * cost_s):
             return []
@@ -328,7 +334,7 @@ class HysteresisController:
         # tail (otherwise moving engines just migrates the tail's requests and slows it).
         if streaming and view.train_todo * self.train_dev_s / t <= tail_left_s:
             return []
-        self._released[view.step] = self._released.get(view.step, 0) + release
+        self._lend(view.step, release)
         self._tail_target[view.step] = r - release  # the next wave waits for this one
         return [Move("rollout->train", release)]
 
@@ -343,9 +349,7 @@ class HysteresisController:
                 or idle < max(1, r // 4) or view.num_pending_resizes
                 or r > self._tail_target.get(view.step, r) or self.train_dev_s is None):
             return []
-        t = len(view.allocation.train)
-        todo_dev_s = view.train_todo * self.train_dev_s
-        gain_s = todo_dev_s / t - todo_dev_s / (t + idle)
+        gain_s = _speedup_s(view.train_todo * self.train_dev_s, len(view.allocation.train), idle)
         bar_s = self.p.cost_margin * 2 * self._round_trip_s  # there and back
         if not self._round_trip_measured and view.history:
             last = view.history[-1]
@@ -353,7 +357,7 @@ class HysteresisController:
             bar_s = max(bar_s, UNMEASURED_GAIN * step_s)
         if gain_s <= bar_s:
             return []
-        self._released[view.step] = self._released.get(view.step, 0) + idle
+        self._lend(view.step, idle)
         self._tail_target[view.step] = r - idle
         return [Move("rollout->train", idle, idle_first=True)]
 
@@ -364,15 +368,18 @@ class HysteresisController:
         if (not self.streams_training or not self.p.release_tail or view.staleness != 0 or
                 r <= 1 or view.num_pending_resizes or self.train_dev_s is None):
             return []
-        t = len(view.allocation.train)
         if self.bulk_dev_s is None or not self._lend_ok:
             return []
-        todo_dev_s = view.train_todo * self.train_dev_s
-        gain_s = todo_dev_s / t - todo_dev_s / (t + r - 1)
+        gain_s = _speedup_s(view.train_todo * self.train_dev_s, len(view.allocation.train),
+                            r - 1)
         if gain_s < self.p.cost_margin * 2 * self._round_trip_s:
             return []
-        self._released[view.step] = self._released.get(view.step, 0) + r - 1
+        self._lend(view.step, r - 1)
         return [Move("rollout->train", r - 1)]
+
+    def _lend(self, step: int, num_devices: int) -> None:
+        """Record rollout devices lent to training in `step`: they return at the next step."""
+        self._released[step] = self._released.get(step, 0) + num_devices
 
 
 def make_hysteresis(cfg: Config) -> HysteresisController:

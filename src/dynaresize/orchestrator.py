@@ -169,6 +169,11 @@ class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
         indices = sorted((set(self.allocation.rollout) | self._serving_early) - self._leaving)
         return [self.devices[i] for i in indices]
 
+    def _num_rollout_devices(self) -> int:
+        """len(self._rollout_devices()) in O(1): devices serving early are training devices,
+        devices leaving are rollout devices."""
+        return len(self.allocation.rollout) + len(self._serving_early) - len(self._leaving)
+
     def _train_devices(self) -> list[Device]:
         return [self.devices[i] for i in self.allocation.train]
 

@@ -16,6 +16,7 @@ from dynaresize.resize.executor import ResizeReport
 from dynaresize.resize.planner import plan_resize, target_allocation
 
 if TYPE_CHECKING:
+    from dynaresize.controller import Move
     from dynaresize.protocols import Device, WeightHandle
 
 
@@ -23,14 +24,14 @@ class ResizeHooks:
     """Mixin: needs the `Orchestrator` state (allocation, executor, the train lock, the
     running rollout, versions, recovery)."""
 
-    def _resize_soon(self, move: str, num_devices: int, step: int,
-                     idle_first: bool = False) -> asyncio.Future[Any]:
-        """Start a resize in the background (it waits for the next optimizer-step boundary)."""
+    def _resize_soon(self, move: Move, step: int) -> asyncio.Future[Any]:
+        """Start a controller's move in the background (it waits for the next optimizer-step
+        boundary)."""
         self._num_pending_resizes += 1
 
         async def go() -> None:
             try:
-                await self.resize(move, num_devices, step, idle_first)
+                await self.resize(move.move, move.num_devices, step, move.idle_first)
             finally:
                 self._num_pending_resizes -= 1
 

@@ -91,8 +91,7 @@ class RolloutLoop:
                         ending = None
                     await self.resize(move.move, move.num_devices, step)
                 else:  # applied when the boundary comes; devices join the running step
-                    fired.append(self._resize_soon(move.move, move.num_devices, step,
-                                                   move.idle_first))
+                    fired.append(self._resize_soon(move, step))
             if ending is not None and self._resizes_requested:
                 await ending  # no pipelining while a resize is pending
                 ending = None
@@ -150,8 +149,7 @@ class RolloutLoop:
             if not getattr(self.controller, "needs_progress", True) or holder[0] is not self._run:
                 return
             for move in self.controller.on_rollout_progress(self.view()):
-                fired.append(self._resize_soon(move.move, move.num_devices, step,
-                                                   move.idle_first))
+                fired.append(self._resize_soon(move, step))
 
         started_s = self._rollout_started_s = self.clock.now()
         run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
@@ -191,14 +189,8 @@ class RolloutLoop:
         self.rundir.samples(got.records)
         self._future(step).set_result(got)
         for move in self.controller.at_rollout_end(self.view()):
-            fired.append(self._resize_soon(move.move, move.num_devices, step,
-                                                   move.idle_first))
+            fired.append(self._resize_soon(move, step))
         await asyncio.gather(*fired)
-
-    def _num_rollout_devices(self) -> int:
-        """len(self._rollout_devices()) in O(1): devices serving early are training devices,
-        devices leaving are rollout devices."""
-        return len(self.allocation.rollout) + len(self._serving_early) - len(self._leaving)
 
     # ------------------------------------------------------------------ engines
     def _on_lost(self, holder: list[RolloutRun], version: int) -> Any:

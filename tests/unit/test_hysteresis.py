@@ -157,10 +157,10 @@ def test_a_split_that_measured_slower_is_not_chosen_again_on_the_models_word() -
     ctl = HysteresisController(HysteresisParams())
     ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 1.0, 100.0, 400.0  # model: more rollout
     n, base = 16, 4
-    model = ctl._split_scores(n, base, 1)
+    model = ctl._split_scores(n, base, 1, step=6)
     assert min(range(1, n), key=model) > base  # the model alone would move
     ctl._split_step_s = {(False, 4): (10.0, 5), (False, 8): (12.0, 5)}  # 8 measured slower
-    score = ctl._split_scores(n, base, 1)
+    score = ctl._split_scores(n, base, 1, step=6)
     assert score(8) == 12.0 and score(12) >= 12.0  # past 8, still no better than 8
     # only the unmeasured splits short of the one that measured slower remain candidates
     assert base <= min(range(1, n), key=lambda k: (score(k), abs(k - base))) < 8
