@@ -188,6 +188,7 @@ class RolloutLoop:
         got.rollout_device_s = sum(b - a for a, b in run.busy_s.values())
         self.rundir.samples(got.records)
         self._future(step).set_result(got)
+        run.close()
         for move in self.controller.at_rollout_end(self.view()):
             fired.append(self._resize_soon(move, step))
         await asyncio.gather(*fired)

@@ -41,6 +41,10 @@ PROGRESS_FRACTION = 0.01
 flight (module docstring); 0: every device return is reported."""
 
 
+def _ignore(completions: list[Completion]) -> None:
+    return None
+
+
 @dataclass
 class _Slot:
     device: Device
@@ -164,6 +168,15 @@ class RolloutRun:
         work = list(exported) + (slot.pending if slot is not None else [])
         self.queue.extendleft(reversed(work))
         self._dispatch()
+
+    def close(self) -> None:
+        """Drop the callbacks and device slots once the run has ended and its results are
+        read: they hold the run in reference cycles (a closure over it), so without this a
+        step's requests and completions would wait for the cyclic GC (the twin pauses it)."""
+        self.on_completions = _ignore
+        self.on_device_lost = self.drain = self._on_idle = self.expected_devices = None
+        self._slots.clear()
+        self._free = []
 
     # ------------------------------------------------------------------ main
     async def wait(self) -> None:
