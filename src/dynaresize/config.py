@@ -71,6 +71,10 @@ class TaskConfig:
 @dataclass
 class RolloutConfig:
     max_running_requests: int = _doc("Continuous-batching slots per engine.", default=32)
+    pack_batch: int = _doc("Pipelined rollouts: the previous step's tail is packed onto as few "
+                           "engines as hold its remaining requests at this many each (the "
+                           "rest migrate, and their engines join the next step); 0: an engine "
+                           "leaves the tail only once empty.", default=8)
     temperature: float = _doc("Sampling temperature (> 0).", default=1.0)
     batch_invariant: bool = _doc(
         "Per-request forwards so logits never depend on the batch (exact replay).", default=True

@@ -87,6 +87,7 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _positive("task.max_answer_len", t.max_answer_len)
     _positive("task.tail_alpha", t.tail_alpha)
     _positive("rollout.max_running_requests", cfg.rollout.max_running_requests)
+    _non_negative("rollout.pack_batch", cfg.rollout.pack_batch)
     _positive("rollout.temperature", cfg.rollout.temperature)
     _positive("rollout.slice_s", cfg.rollout.slice_s)
     _positive("train.lr", m.lr)

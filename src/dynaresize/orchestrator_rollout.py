@@ -101,6 +101,7 @@ class RolloutLoop:
             await self._load_version(version, handle, engines)
             run, started_s, by_id, rewards = self._start_run(step, version, fired, engines)
             if self._tail_run is not None:
+                self._tail_run.pack_batch = cfg.rollout.pack_batch
                 self._tail_run.hand_off(self._join_newest)
             if self.pipelined and step + 1 < cfg.run.steps:
                 await run.drained.wait()

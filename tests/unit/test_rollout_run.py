@@ -138,3 +138,31 @@ def test_a_run_waiting_for_devices_gives_each_only_its_share() -> None:
     assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(40))
     assert all(e.max_seen <= 16 for e in engines) and {c.device for c in completions} \
         == {0, 1, 2, 3}
+
+
+def test_packing_moves_a_thinning_tail_onto_fewer_engines() -> None:
+    """Once handing off, with `pack_batch`, the least-loaded engine migrates its requests
+    to the others as soon as they hold every remaining one at `pack_batch` each, and joins
+    the next step; tokens are unchanged and every request completes once."""
+    async def main() -> tuple[RolloutRun, list[tuple[int, int, int]]]:
+        engines = [FakeEngine(i) for i in range(4)]
+        run = RolloutRun(RealClock(), specs(24), max_running=8, slice_s=1.0,
+                         on_completions=lambda c: None)
+        run.add_devices(engines)
+        await run.drained.wait()
+        released: list[tuple[int, int, int]] = []  # (device, unfinished, engines left)
+        run.pack_batch = 4
+        run.hand_off(lambda d: released.append((d.index, run.remaining, len(run.devices()))))
+        await run.wait()
+        return run, released
+
+    run, released = asyncio.run(main())
+    keys = [c.spec.key for c in run.completions]
+    assert sorted(keys) == sorted(s.key for s in specs(24)) and len(set(keys)) == 24
+    for c in run.completions:
+        assert c.tokens == [j + c.spec.sample for j in range(c.spec.max_new_tokens)]
+    assert run.num_migrated > 0, "the test must pack something"
+    assert sorted(d for d, _, _ in released) == [0, 1, 2, 3]
+    # an engine left with work unfinished only while the rest held it at pack_batch each
+    assert all(left * 4 >= remaining for _, remaining, left in released)
+    assert any(remaining > 0 and left >= 1 for _, remaining, left in released[:-1])

@@ -95,6 +95,13 @@ class RolloutRun:
         waiting lists. None: up to `max_running` each."""
         self._on_idle: Callable[[Device], None] | None = None
         """`hand_off`'s callback: where a device goes once nothing is left for it here."""
+        self.pack_batch = 0
+        """Once handing off: keep this run on as few engines as hold its remaining requests
+        at `pack_batch` each; the least-loaded engine beyond that migrates its requests to
+        the others (export, requeue) and is handed off (0: engines leave only when empty)."""
+        self.num_migrated = 0
+        """Requests packing moved to another engine."""
+        self._packing: asyncio.Task[None] | None = None
         self._slots: dict[int, _Slot] = {}
         self._free: list[tuple[int, int]] = []
         """Heap of (load, device) candidates; stale entries are skipped when popped."""
@@ -144,11 +151,56 @@ class RolloutRun:
         """From now on a device with nothing left to run here (the queue is empty and it
         holds no request) leaves this run for `on_idle(device)` (the next step's rollout),
         except the last one, which stays until the run ends (requeued work always has a
-        device). The devices idle now leave at once."""
+        device). The devices idle now leave at once. Devices no longer join, so no share cap
+        applies (`expected_devices`), and packing starts (`pack_batch`)."""
         self._on_idle = on_idle
+        self.expected_devices = None
         for slot in sorted(self._slots.values(), key=lambda s: s.device.index, reverse=True):
             if slot.load == 0 and not slot.pending:
                 self._maybe_release(slot)
+        self._maybe_pack()
+
+    def _maybe_pack(self) -> None:
+        """Start moving the least-loaded engine's requests to the others if the rest hold
+        every remaining request at `pack_batch` each (one engine at a time)."""
+        if (not self.pack_batch or self._on_idle is None or self.queue or self.error
+                or self._packing is not None or self.finished.is_set()
+                or (len(self._slots) - 1) * self.pack_batch < self.remaining):
+            return
+        active = [s for s in self._slots.values() if not s.leaving]
+        if len(active) < 2 or (len(active) - 1) * self.pack_batch < self.remaining:
+            return
+        slot = min(active, key=lambda s: (s.load, -s.device.index))
+        self._packing = asyncio.ensure_future(self._evacuate(slot))
+
+    async def _evacuate(self, slot: _Slot) -> None:
+        """Packing: `slot`'s engine finishes its slice, exports its requests (tokens and
+        sampler state: they continue unchanged elsewhere, DESIGN §2.3), which are requeued in
+        front, and is handed off."""
+        device = slot.device
+        try:
+            slot.leaving = True
+            slot.wake.set()
+            assert slot.task is not None
+            await slot.task
+            if self.error is not None or self._slots.get(device.index) is not slot:
+                return  # the run failed, or the device was lost meanwhile (`_lose` took it)
+            try:
+                exported = await device.export_inflight()
+            except Exception as exc:
+                if self.on_device_lost is None:
+                    self.error = self.error or exc
+                    self._set_finished()
+                else:
+                    self._lose(slot, exc)
+                return
+            self.num_migrated += len(exported)
+            self.requeue(device, exported)
+            assert self._on_idle is not None
+            self._on_idle(device)
+        finally:
+            self._packing = None
+        self._maybe_pack()
 
     def _maybe_release(self, slot: _Slot) -> bool:
         """Hand `slot`'s device to `_on_idle` if it may go (see `hand_off`)."""
@@ -182,6 +234,8 @@ class RolloutRun:
     async def wait(self) -> None:
         """Return when every request has completed."""
         await self.finished.wait()
+        if self._packing is not None:  # its device is handed off before the run ends
+            await asyncio.gather(self._packing, return_exceptions=True)
         tasks = [s.task for s in self._slots.values() if s.task is not None]
         for s in self._slots.values():
             s.wake.set()
@@ -327,4 +381,5 @@ class RolloutRun:
                     self._set_finished()
                 if slot.load == 0 and self._maybe_release(slot):
                     return
+                self._maybe_pack()
 
