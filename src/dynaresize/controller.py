@@ -50,6 +50,10 @@ class StepTiming:
     rollout_device_s: float = 0.0
     """Device-seconds the step's rollout held engines (each engine from its first to its
     last slice of the step); 0: not measured."""
+    rollout_tail_device_s: float = 0.0
+    """Of `rollout_device_s`, those after the remaining requests first fit on the engines at
+    `controller.tail_batch` each: engines waiting for their last requests (about the same
+    time per engine, whatever the width)."""
 
     @property
     def train_work_s(self) -> float:

@@ -10,9 +10,11 @@ Estimates, from the run's own measurements (exponential moving averages):
 - training = `train_dev_s` device-seconds actually trained (streaming: without the waits for
   groups; scales as 1/T);
 - pipelined rollouts (`RunView.pipelined`, staleness >= 1): the tail overlaps the next step's
-  rollout, so a step's rollout costs `roll_dev_s` device-seconds (engines held, tail included;
-  scales as 1/R), and its latency `latency_s` (start to last request) bounds the step from
-  below: 1 + s steps must cover it;
+  rollout, so a step's rollout costs `roll_dev_s` device-seconds of work (engines held until
+  its tail, when the remaining requests fit at `tail_batch` per engine; scales as 1/R) plus
+  `roll_tail_s` seconds per engine (held in the tail, waiting for the last requests: the
+  same at any width), and its latency `latency_s` (start to last request) bounds the step
+  from below: 1 + s steps must cover it;
 - resize cost = the measured critical-path and wall times of past resizes;
 - staleness 0: the measured step time with and without lending engines at rollout end.
 
@@ -22,8 +24,8 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   only if it beats the current split by more than the hysteresis `band`, the expected saving
   over `horizon_steps` exceeds `cost_margin` x the resize cost, and the last change is at least
   `min_dwell_steps` old (or the lending mode just changed). Staleness 1: max(rollout, train),
-  the stages overlap; with pipelined rollouts max(roll_dev_s / R, train_dev_s / T,
-  latency / (1 + s)).
+  the stages overlap; with pipelined rollouts max(roll_dev_s / R + roll_tail_s,
+  train_dev_s / T, latency / (1 + s)).
   Staleness 0: the trainers stream through about half of the bulk's groups and the released
   engines through the tail; the rest follows the rollout, on the trainers, or on every device
   when lending at rollout end pays (`_lending_pays`: predicted to beat never lending by the
@@ -85,7 +87,11 @@ class HysteresisController:
         self.tail_s: float | None = None
         self.train_dev_s: float | None = None
         self.roll_dev_s: float | None = None
-        """Pipelined rollouts: device-seconds a step's rollout holds engines (EMA)."""
+        """Pipelined rollouts: device-seconds a step's rollout holds engines before its tail
+        (`StepTiming.rollout_tail_device_s`) (EMA): work, the same at any width."""
+        self.roll_tail_s = 0.0
+        """Pipelined rollouts: seconds each engine then holds for its last requests (EMA of
+        tail device-seconds / width): the same per engine at any width."""
         self.latency_s: float | None = None
         """Pipelined rollouts: a step's rollout from its start to its last request (EMA)."""
         self._latency_width = 1
@@ -122,7 +128,10 @@ class HysteresisController:
             w = self.p.ema
             self.train_dev_s = _ema(self.train_dev_s, timing.train_work_s, w)
             if timing.rollout_device_s > 0:
-                self.roll_dev_s = _ema(self.roll_dev_s, timing.rollout_device_s, w)
+                tail_dev_s = min(timing.rollout_tail_device_s, timing.rollout_device_s)
+                self.roll_tail_s = _ema(None if self.roll_dev_s is None else self.roll_tail_s,
+                                        tail_dev_s / max(1, timing.num_rollout_devices), w)
+                self.roll_dev_s = _ema(self.roll_dev_s, timing.rollout_device_s - tail_dev_s, w)
                 self.latency_s = _ema(self.latency_s, timing.rollout_s, w)
                 self._latency_width = timing.num_rollout_devices
             start = self._rollout_start_by_step.get(timing.step)
@@ -153,7 +162,7 @@ class HysteresisController:
             # rollout's latency: measured at one width, assumed to grow as 1/R below it and
             # not to shrink above it (a latency-bound run then sees no split worth a move).
             latency_s = (self.latency_s or 0.0) * max(1.0, self._latency_width / num_rollout)
-            return max(self.roll_dev_s / num_rollout,
+            return max(self.roll_dev_s / num_rollout + self.roll_tail_s,
                        self.train_dev_s / (num_devices - num_rollout),
                        latency_s / (1 + staleness))
         rollout = (self.tail_s or 0.0) + self.bulk_dev_s / num_rollout

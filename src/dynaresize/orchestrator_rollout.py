@@ -157,6 +157,7 @@ class RolloutLoop:
                          cfg.rollout.slice_s, on_done, self._on_lost(holder, version),
                          drain=self._may_drain)
         holder.append(run)
+        run.light_batch = cfg.controller.tail_batch
         self._run = run
         if self.pipelined:  # the previous tail's engines join later: keep their share queued
             run.expected_devices = self._num_rollout_devices
@@ -187,6 +188,7 @@ class RolloutLoop:
         got = assemble_step(step, version, expected, run.completions, rewards, rollout_s,
                             cfg.output.record_tokens, built)
         got.rollout_device_s = sum(b - a for a, b in run.busy_s.values())
+        got.rollout_tail_device_s = run.tail_device_s()
         self.rundir.samples(got.records)
         self._future(step).set_result(got)
         run.close()

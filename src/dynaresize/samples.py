@@ -64,6 +64,8 @@ class StepSamples:
     version: int
     rollout_device_s: float = 0.0
     """Device-seconds its rollout held engines (`StepTiming.rollout_device_s`)."""
+    rollout_tail_device_s: float = 0.0
+    """Of those, held in its tail (`StepTiming.rollout_tail_device_s`)."""
 
 
 _SHORT_SHA: dict[tuple[int, ...], str] = {}

@@ -164,3 +164,22 @@ def test_a_split_that_measured_slower_is_not_chosen_again_on_the_models_word() -
     assert score(8) == 12.0 and score(12) >= 12.0  # past 8, still no better than 8
     # only the unmeasured splits short of the one that measured slower remain candidates
     assert base <= min(range(1, n), key=lambda k: (score(k), abs(k - base))) < 8
+
+
+def test_pipelined_tail_time_per_engine_does_not_shrink_with_fewer_engines() -> None:
+    """Pipelined rollouts: device-seconds held in a step's tail are engines waiting for their
+    last requests, about the same time per engine at any width, not work. 8 engines held
+    800 device-s, 600 of them in the tail (75 s each); training took 960 device-s on 8.
+    Per split: max(200/R + 75, 960/(16 - R), latency 150/2 x 8/R): 120 s at R = 8, 106.7 s at
+    R = 7 (11% better: one engine goes to training). Counted as work, 800/R makes R = 7
+    114.3 s, under the 8% band: no move."""
+    def decide(tail_dev_s: float) -> list[tuple[str, int]]:
+        ctl = HysteresisController(HysteresisParams(band=0.08, cost_margin=0.0))
+        hist = [StepTiming(0, 150.0, 120.0, 1000, 8, 8, train_device_s=960.0,
+                           rollout_device_s=800.0, rollout_tail_device_s=tail_dev_s)]
+        moves = ctl.at_step_start(view(1, Allocation.initial(8, 8), hist, pipelined=True))
+        assert ctl.predict_step_s(8, 16, 1) == 120.0
+        return [(m.move, m.num_devices) for m in moves]
+
+    assert decide(600.0) == [("rollout->train", 1)]
+    assert decide(0.0) == []

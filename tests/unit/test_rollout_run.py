@@ -165,4 +165,7 @@ def test_packing_moves_a_thinning_tail_onto_fewer_engines() -> None:
     assert sorted(d for d, _, _ in released) == [0, 1, 2, 3]
     # an engine left with work unfinished only while the rest held it at pack_batch each
     assert all(left * 4 >= remaining for _, remaining, left in released)
+    # its tail began once 4 engines could hold the rest at light_batch (8) each
+    held_s = sum(b - a for a, b in run.busy_s.values())
+    assert run.light_s is not None and 0.0 < run.tail_device_s() < held_s
     assert any(remaining > 0 and left >= 1 for _, remaining, left in released[:-1])

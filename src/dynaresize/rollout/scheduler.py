@@ -87,6 +87,11 @@ class RolloutRun:
         self.finished = asyncio.Event()
         self.drained = asyncio.Event()
         """Set once every request has been dispatched to a device (the queue is empty)."""
+        self.light_batch = 8
+        """Requests per engine below which the run counts as in its tail (`light_s`)."""
+        self.light_s: float | None = None
+        """When the remaining requests first fit on the run's engines at `light_batch` each:
+        from then on engines wait for their last requests (`tail_device_s`)."""
         self.expected_devices: Callable[[], int] | None = None
         """How many devices this run will have once every device meant for it joined (a
         pipelined run starts on a few and gains the rest from the previous step's tail):
@@ -112,11 +117,19 @@ class RolloutRun:
         """Every request completed, or the run failed: either way nothing waits to be
         dispatched any more (a loop waiting for `drained` moves on, then sees the error)."""
         self.finished.set()
+        self._set_drained()
+
+    def _set_drained(self) -> None:
         self.drained.set()
 
     @property
     def num_finished(self) -> int:
         return self.total - self.remaining
+
+    def tail_device_s(self) -> float:
+        """Device-seconds engines were held in the run's tail (after `light_s`)."""
+        start = self.light_s if self.light_s is not None else self.clock.now()
+        return sum(max(0.0, b - max(a, start)) for a, b in self.busy_s.values())
 
     def devices(self) -> list[int]:
         return sorted(i for i, s in self._slots.items() if not s.leaving)
@@ -250,7 +263,7 @@ class RolloutRun:
         else:
             self._dispatch_greedy()
         if not self.queue:
-            self.drained.set()
+            self._set_drained()
 
     def _limit(self) -> int:
         """Most requests one device may hold now (`max_running`, or its share)."""
@@ -374,6 +387,9 @@ class RolloutRun:
                 heapq.heappush(self._free, (slot.load, index))
                 self.remaining -= len(completions)
                 self.completions.extend(completions)
+                if self.light_s is None and \
+                        self.remaining <= len(self._slots) * self.light_batch:
+                    self.light_s = clock.now()
                 self._report(completions)
                 if self.queue:
                     self._dispatch()
