@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dynaresize.protocols import Clock, Device
+from dynaresize.rollout.handoff import HandOff
 from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 Work = RequestSpec | InflightRequest
@@ -57,7 +58,7 @@ class _Slot:
     """Submitted to the device and not completed: what reruns elsewhere if it dies."""
 
 
-class RolloutRun:
+class RolloutRun(HandOff):
     def __init__(self, clock: Clock, requests: Sequence[Work], max_running: int,
                  slice_s: float, on_completions: Callable[[list[Completion]], None],
                  on_device_lost: Callable[[Device, BaseException], bool] | None = None,
@@ -117,9 +118,6 @@ class RolloutRun:
         """Every request completed, or the run failed: either way nothing waits to be
         dispatched any more (a loop waiting for `drained` moves on, then sees the error)."""
         self.finished.set()
-        self._set_drained()
-
-    def _set_drained(self) -> None:
         self.drained.set()
 
     @property
@@ -160,73 +158,6 @@ class RolloutRun:
         assert slot.task is not None
         await slot.task
 
-    def hand_off(self, on_idle: Callable[[Device], None]) -> None:
-        """From now on a device with nothing left to run here (the queue is empty and it
-        holds no request) leaves this run for `on_idle(device)` (the next step's rollout),
-        except the last one, which stays until the run ends (requeued work always has a
-        device). The devices idle now leave at once. Devices no longer join, so no share cap
-        applies (`expected_devices`), and packing starts (`pack_batch`)."""
-        self._on_idle = on_idle
-        self.expected_devices = None
-        for slot in sorted(self._slots.values(), key=lambda s: s.device.index, reverse=True):
-            if slot.load == 0 and not slot.pending:
-                self._maybe_release(slot)
-        self._maybe_pack()
-
-    def _maybe_pack(self) -> None:
-        """Start moving the least-loaded engine's requests to the others if the rest hold
-        every remaining request at `pack_batch` each (one engine at a time)."""
-        if (not self.pack_batch or self._on_idle is None or self.queue or self.error
-                or self._packing is not None or self.finished.is_set()
-                or (len(self._slots) - 1) * self.pack_batch < self.remaining):
-            return
-        active = [s for s in self._slots.values() if not s.leaving]
-        if len(active) < 2 or (len(active) - 1) * self.pack_batch < self.remaining:
-            return
-        slot = min(active, key=lambda s: (s.load, -s.device.index))
-        self._packing = asyncio.ensure_future(self._evacuate(slot))
-
-    async def _evacuate(self, slot: _Slot) -> None:
-        """Packing: `slot`'s engine finishes its slice, exports its requests (tokens and
-        sampler state: they continue unchanged elsewhere, DESIGN §2.3), which are requeued in
-        front, and is handed off."""
-        device = slot.device
-        try:
-            slot.leaving = True
-            slot.wake.set()
-            assert slot.task is not None
-            await slot.task
-            if self.error is not None or self._slots.get(device.index) is not slot:
-                return  # the run failed, or the device was lost meanwhile (`_lose` took it)
-            try:
-                exported = await device.export_inflight()
-            except Exception as exc:
-                if self.on_device_lost is None:
-                    self.error = self.error or exc
-                    self._set_finished()
-                else:
-                    self._lose(slot, exc)
-                return
-            self.num_migrated += len(exported)
-            self.requeue(device, exported)
-            assert self._on_idle is not None
-            self._on_idle(device)
-        finally:
-            self._packing = None
-        self._maybe_pack()
-
-    def _maybe_release(self, slot: _Slot) -> bool:
-        """Hand `slot`'s device to `_on_idle` if it may go (see `hand_off`)."""
-        if self._on_idle is None or slot.leaving or self.queue or (
-                self.remaining and not any(s is not slot and not s.leaving
-                                           for s in self._slots.values())):
-            return False
-        slot.leaving = True
-        self._slots.pop(slot.device.index, None)
-        slot.wake.set()
-        self._on_idle(slot.device)
-        return True
-
     def requeue(self, device: Device, exported: list[Work]) -> None:
         """Put a leaving device's unfinished work (exported + never submitted) back in front."""
         slot = self._slots.pop(device.index, None)
@@ -263,7 +194,7 @@ class RolloutRun:
         else:
             self._dispatch_greedy()
         if not self.queue:
-            self._set_drained()
+            self.drained.set()
 
     def _limit(self) -> int:
         """Most requests one device may hold now (`max_running`, or its share)."""
