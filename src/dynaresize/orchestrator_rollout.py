@@ -53,6 +53,8 @@ class RolloutLoop:
         """Set with the error of a background part of the loop (it fails the run)."""
         self._rollout_version = 0
         self._rollout_started_s = 0.0
+        self.num_migrated = 0
+        """Requests moved to another engine by tail packing (`RolloutRun.pack_batch`)."""
 
     async def settle_rollouts(self) -> None:
         """Return once a single step rolls out (no previous tail, no engine in transit)."""
@@ -189,6 +191,7 @@ class RolloutLoop:
                             cfg.output.record_tokens, built)
         got.rollout_device_s = sum(b - a for a, b in run.busy_s.values())
         got.rollout_tail_device_s = run.tail_device_s()
+        self.num_migrated += run.num_migrated
         self.rundir.samples(got.records)
         self._future(step).set_result(got)
         run.close()

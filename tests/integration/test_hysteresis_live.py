@@ -41,9 +41,11 @@ def test_hysteresis_resizes_and_changes_nothing(device_pool: Any, tmp_path: Path
 
 def test_pipelined_rollouts_live_change_nothing(device_pool: Any, tmp_path: Path) -> None:
     """Staleness 1 (the default's): the next step's rollout starts on engines the tail
-    emptied (real actors, each loading the newer version), and the samples and parameters
-    equal a static run's."""
-    piped = run(device_pool, tmp_path / "p", "run.staleness=1", "run.steps=5")
+    emptied or packed (real actors: each loads the newer version; a packed engine's requests
+    continue on another from their exported state), and the samples and parameters equal a
+    static run's. `rollout.pack_batch` = 32 packs this small tail as soon as it hands off."""
+    piped = run(device_pool, tmp_path / "p", "run.staleness=1", "run.steps=5",
+                "rollout.pack_batch=32")
     static = run(device_pool, tmp_path / "s", "run.staleness=1", "run.steps=5",
                  "controller.policy='static'")
     assert sample_view(tmp_path / "p") == sample_view(tmp_path / "s")

@@ -137,8 +137,9 @@ class StreamingStatic:
 
 
 def test_pipelined_rollouts_overlap_steps_and_keep_every_sample(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Staleness 1: step k + 1's rollout starts on engines step k's tail emptied, and the
-    sample records (step, prompt, sample, version, tokens) equal the unpipelined run's."""
+    """Staleness 1: step k + 1's rollout starts on engines step k's tail emptied or packed
+    (requests migrated), and the sample records (step, prompt, sample, version, tokens)
+    equal the unpipelined run's."""
     import json
 
     workload = get_workload("dapo-7b", seed=2, requests_per_step=512)
@@ -159,6 +160,7 @@ def test_pipelined_rollouts_overlap_steps_and_keep_every_sample(tmp_path) -> Non
                 span[0], span[1] = min(span[0], e["t_start"]), max(span[1], e["t_end"])
         overlaps = sum(spans[k + 1][0] < spans[k][1] for k in range(4))
         got[pipelined] = (records, overlaps, run.summary["wall_s"])
+        assert (run.orchestrator.num_migrated > 0) == pipelined  # packing moved requests
     assert got[True][0] == got[False][0] and len(got[True][0]) == 5 * 512
     assert got[False][1] == 0 and got[True][1] >= 2
     assert got[True][2] <= got[False][2]
