@@ -169,3 +169,34 @@ def test_packing_moves_a_thinning_tail_onto_fewer_engines() -> None:
     held_s = sum(b - a for a, b in run.busy_s.values())
     assert run.light_s is not None and 0.0 < run.tail_device_s() < held_s
     assert any(remaining > 0 and left >= 1 for _, remaining, left in released[:-1])
+
+
+def test_an_engine_that_dies_while_packed_reruns_its_requests_elsewhere() -> None:
+    """Packing exports the least-loaded engine's requests; if that export fails and the
+    device is gone (`on_device_lost` says so), its requests rerun from scratch on the others
+    (same tokens: they are a function of the request) and the run still completes each once;
+    the dead engine is not handed to the next step."""
+    class DiesOnExport(FakeEngine):
+        async def export_inflight(self) -> list[InflightRequest]:
+            raise RuntimeError("engine died")
+
+    async def main() -> tuple[RolloutRun, list[int], list[int]]:
+        engines = [FakeEngine(0), FakeEngine(1), DiesOnExport(2)]
+        lost: list[int] = []
+        run = RolloutRun(RealClock(), specs(18), max_running=8, slice_s=1.0,
+                         on_completions=lambda c: None,
+                         on_device_lost=lambda d, exc: lost.append(d.index) is None)
+        run.add_devices(engines)
+        await run.drained.wait()
+        released: list[int] = []
+        run.pack_batch = 9  # 2 engines x 9 hold all 18: pack at once; equal loads (6 each),
+        run.hand_off(lambda d: released.append(d.index))  # so the highest index goes first
+        await run.wait()
+        return run, lost, released
+
+    run, lost, released = asyncio.run(main())
+    keys = [c.spec.key for c in run.completions]
+    assert sorted(keys) == sorted(s.key for s in specs(18)) and len(set(keys)) == 18
+    for c in run.completions:
+        assert c.tokens == [j + c.spec.sample for j in range(c.spec.max_new_tokens)]
+    assert lost == [2] and 2 not in released and run.num_rerun > 0
