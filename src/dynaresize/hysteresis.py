@@ -104,14 +104,14 @@ class HysteresisController(Lending):
         """Staleness 0: lend the engines at rollout end this step (`_lending_pays`)."""
         self._step_start_s: dict[int, float] = {}
         self._mode_of_step: dict[int, bool] = {}
+        """Staleness 0: whether each step ran in lending mode (its split chosen for lending)."""
         self._split_of_step: dict[int, int] = {}
         """The split (rollout devices) each step was planned at."""
         self._split_step_s: dict[tuple[bool, int], tuple[float, int]] = {}
-        """Measured step time (EMA) per (lending mode, split): a split the model favours but
-        that measured slower is not chosen again on the model's word), and the last step it
-        was measured in: measurements older than `MEASURED_FOR_STEPS` are forgotten (the
+        """Measured step time (EMA) per (lending mode, split), and the last step it was
+        measured in (a split the model favours but that measured slower is not chosen again
+        on the model's word); measurements older than `MEASURED_FOR_STEPS` are forgotten (the
         workload may have drifted)."""
-        """Staleness 0: whether each step ran in lending mode (its split chosen for lending)."""
         self._mode_step_s: dict[bool, float] = {}
         """Staleness 0: measured step time (EMA) with and without lending at rollout end."""
         self._last_change_step = -10**9
@@ -208,7 +208,7 @@ class HysteresisController(Lending):
         base = r + returning  # the split before the tail release
         was_ok = self._lend_ok
         self._lend_ok = view.staleness == 0 and self.streams_training and \
-            self.p.release_tail and self._lending_pays(n, r + returning)
+            self.p.release_tail and self._lending_pays(n, base)
         self._mode_of_step[view.step] = self._lend_ok
         score = self._split_scores(n, base, view.staleness, view.step)
         best = min(range(1, n), key=lambda k: (score(k), abs(k - base)))

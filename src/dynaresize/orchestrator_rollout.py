@@ -62,6 +62,14 @@ class RolloutLoop:
             self._settled.clear()
             await self._settled.wait()
 
+    def tail_busy(self) -> set[int]:
+        """Rollout devices the previous step's tail still holds or that are on their way
+        from it to the newest run (pipelined; empty otherwise)."""
+        busy = set(self._tail_devices)
+        if self._tail_run is not None:
+            busy.update(self._tail_run.devices())
+        return busy
+
     def _check_settled(self) -> None:
         if self._tail_run is None and not self._tail_devices:
             self._settled.set()
@@ -98,12 +106,11 @@ class RolloutLoop:
                 await ending  # no pipelining while a resize is pending
                 ending = None
             self._rollout_version = version
-            busy = self._tail_devices | set(self._tail_run.devices() if self._tail_run else ())
+            busy = self.tail_busy()
             engines = [d for d in self._rollout_devices() if d.index not in busy]
             await self._load_version(version, handle, engines)
             run, started_s, by_id, rewards = self._start_run(step, version, fired, engines)
             if self._tail_run is not None:
-                self._tail_run.pack_batch = cfg.rollout.pack_batch
                 self._tail_run.hand_off(self._join_newest)
             if self.pipelined and step + 1 < cfg.run.steps:
                 await run.drained.wait()
@@ -160,6 +167,7 @@ class RolloutLoop:
                          drain=self._may_drain)
         holder.append(run)
         run.light_batch = cfg.controller.tail_batch
+        run.pack_batch = cfg.rollout.pack_batch  # acts once the run hands off
         self._run = run
         if self.pipelined:  # the previous tail's engines join later: keep their share queued
             run.expected_devices = self._num_rollout_devices

@@ -147,9 +147,7 @@ class Recovery:
         run = orch._run
         if run is None:
             return
-        serving = set(run.devices()) | orch._tail_devices  # pipelined: busy elsewhere
-        if orch._tail_run is not None:
-            serving |= set(orch._tail_run.devices())
+        serving = set(run.devices()) | orch.tail_busy()  # pipelined: busy elsewhere
         for d in orch._rollout_devices():
             if d.index not in serving:
                 version, handle = orch.current_weights()

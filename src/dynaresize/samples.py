@@ -125,6 +125,7 @@ def assemble_step(step: int, version: int, expected: set[tuple[int, int]],
     ordered: list[Completion] = []
     num_tokens = 0
     reward_sum = 0.0
+    reuse = built is not None and len(built) == len(by_key)
     start, end = 0, len(keys)
     while start < end:  # one GRPO group per prompt: a run of keys with the same prompt
         prompt = keys[start][0]
@@ -133,8 +134,8 @@ def assemble_step(step: int, version: int, expected: set[tuple[int, int]],
             stop += 1
         group = [by_key[k] for k in keys[start:stop]]
         group_rewards = [rewards[k] for k in keys[start:stop]]
-        if built is not None and len(built) == len(by_key):
-            samples.extend(built[k] for k in keys[start:stop])
+        if reuse:
+            samples.extend(built[k] for k in keys[start:stop])  # type: ignore[index]
         else:
             samples.extend(group_samples(step, version, prompt, group, group_rewards))
         ordered.extend(group)

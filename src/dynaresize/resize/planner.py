@@ -71,7 +71,8 @@ def choose_devices(alloc: Allocation, move: str, num_devices: int,
     if move == "rollout->train":
         pool = alloc.rollout
         first = [d for d in prefer if d in pool][:max(0, num_devices)]
-        others = [d for d in pool if d not in first]
+        taken = set(first)
+        others = [d for d in pool if d not in taken]
         need = num_devices - len(first)
         chosen = tuple(sorted(first + (others[len(others) - need:] if need > 0 else [])))
         remaining = len(pool) - num_devices

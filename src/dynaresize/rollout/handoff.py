@@ -22,14 +22,13 @@ if TYPE_CHECKING:
 
 
 class HandOff:
-    """Mixin: needs `RolloutRun`'s slots, queue, counters, `requeue`, `_lose`."""
+    """Mixin: needs `RolloutRun`'s slots, queue, counters, `requeue`, `_device_failed`."""
 
     _slots: dict[int, _Slot]
     queue: deque[Work]
     remaining: int
     error: BaseException | None
     finished: asyncio.Event
-    on_device_lost: Callable[[Device, BaseException], bool] | None
     expected_devices: Callable[[], int] | None
     _on_idle: Callable[[Device], None] | None
     pack_batch: int
@@ -39,10 +38,7 @@ class HandOff:
     def requeue(self, device: Device, exported: list[Work]) -> None:
         raise NotImplementedError
 
-    def _lose(self, slot: _Slot, exc: BaseException) -> None:
-        raise NotImplementedError
-
-    def _set_finished(self) -> None:
+    def _device_failed(self, slot: _Slot, exc: BaseException) -> None:
         raise NotImplementedError
 
     def hand_off(self, on_idle: Callable[[Device], None]) -> None:
@@ -86,11 +82,7 @@ class HandOff:
             try:
                 exported = await device.export_inflight()
             except Exception as exc:
-                if self.on_device_lost is None:
-                    self.error = self.error or exc
-                    self._set_finished()
-                else:
-                    self._lose(slot, exc)
+                self._device_failed(slot, exc)
                 return
             self.num_migrated += len(exported)
             self.requeue(device, exported)

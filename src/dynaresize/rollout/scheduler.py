@@ -264,12 +264,17 @@ class RolloutRun(HandOff):
         try:
             await self._serve(slot)
         except Exception as exc:
-            if self.on_device_lost is None:  # fail the run with this error (wait() raises it)
-                if self.error is None:
-                    self.error = exc
-                self._set_finished()
-                return
-            self._lose(slot, exc)
+            self._device_failed(slot, exc)
+
+    def _device_failed(self, slot: _Slot, exc: BaseException) -> None:
+        """A call on `slot`'s device raised: without `on_device_lost` the run fails with this
+        error (`wait()` raises it); else `_lose` decides."""
+        if self.on_device_lost is None:
+            if self.error is None:
+                self.error = exc
+            self._set_finished()
+            return
+        self._lose(slot, exc)
 
     def _lose(self, slot: _Slot, exc: BaseException) -> None:
         """A device call failed: rerun everything it held from scratch (the seeded sampler
