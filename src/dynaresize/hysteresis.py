@@ -5,13 +5,16 @@ and in the simulator.
 
 Estimates, from the run's own measurements (exponential moving averages):
 - rollout of a step = *bulk* + *tail*: the bulk lasts until the remaining requests would fill
-  every engine only lightly (`tail_batch` each; device-seconds `bulk_dev_s` scale as 1/R, R the
-  width the rollout started with), the tail is the rest (`tail_s`, independent of R);
+  every engine only lightly (`tail_batch` each; device-seconds `bulk_dev_s` = a + b x R, R the
+  width the rollout started with: `a` the work, which divides, `b` seconds every engine spends
+  whatever its share, fitted once two widths were measured, `_width_slope`; memory-bound
+  engines, with few requests each, read the weights every iteration at any width), the tail
+  is the rest (`tail_s`, independent of R);
 - training = `train_dev_s` device-seconds actually trained (streaming: without the waits for
   groups; scales as 1/T);
 - pipelined rollouts (`RunView.pipelined`, staleness >= 1): the tail overlaps the next step's
   rollout, so a step's rollout costs `roll_dev_s` device-seconds of work (engines held until
-  its tail, when the remaining requests fit at `tail_batch` per engine; scales as 1/R) plus
+  its tail, when the remaining requests fit at `tail_batch` per engine; a + b x R as above) plus
   `roll_tail_s` seconds per engine (held in the tail, waiting for the last requests: the
   same at any width), and its latency `latency_s` (start to last request) bounds the step
   from below: 1 + s steps must cover it;
@@ -23,8 +26,14 @@ micro-batches as their groups complete, see `dynaresize.stream`):
 - inter-step (`at_step_start`): the split R that minimises the predicted step time, applied
   only if it beats the current split by more than the hysteresis `band`, the expected saving
   over `horizon_steps` exceeds `cost_margin` x the resize cost, and the last change is at least
-  `min_dwell_steps` old (or the lending mode just changed). Staleness 1: max(rollout, train),
-  the stages overlap; with pipelined rollouts max(roll_dev_s / R + roll_tail_s,
+  `min_dwell_steps` old (or the lending mode just changed). One change at most doubles or
+  halves either stage (a trust region: the model is fitted where the run is; splits measured
+  in the last `MEASURED_FOR_STEPS` steps are candidates wherever they are), and the first
+  1 + s steps, which fill the pipeline, are not filed as any split's measured step time. At
+  staleness >= 1, until the rollout was measured at two widths, a move to a split not
+  measured needs `UNMEASURED_BAND` bands (the width scaling is still a guess).
+  Staleness 1: max(rollout, train),
+  the stages overlap; with pipelined rollouts max(roll_dev_s(R) / R + roll_tail_s,
   train_dev_s / T, latency / (1 + s)).
   Staleness 0: the trainers stream through about half of the bulk's groups and the released
   engines through the tail; the rest follows the rollout, on the trainers, or on every device
@@ -43,6 +52,8 @@ micro-batches as their groups complete, see `dynaresize.stream`):
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,8 +78,40 @@ MEASURED_FOR_STEPS = 10
 """A split's measured step time guides the split choice for this many steps."""
 
 
+UNMEASURED_BAND = 2.0
+"""Bands a move to a split not measured recently must promise (staleness >= 1) until the
+rollout was measured at two widths."""
+
+TRUST_FACTOR = 2
+"""One split change grows or shrinks either stage by at most this factor."""
+
+WIDTH_WINDOW = 6
+"""Steps whose (rollout width, device-seconds) pairs fit how a rollout's device-seconds grow
+with its width (`_width_slope`)."""
+
+
 def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+def _spans_widths(samples: deque[tuple[int, float]]) -> bool:
+    """The samples hold two widths or more (a slope can be fitted)."""
+    return len({w for w, _ in samples}) >= 2
+
+
+def _width_slope(samples: deque[tuple[int, float]], old: float) -> float:
+    """Least-squares slope b of device-seconds = a + b x width over `samples`, clamped to
+    [0, the seconds per engine]: b is the time every engine spends whatever its share (decode
+    iterations that read the weights, memory-bound at small batch), a the work that divides.
+    `old` (0 at first: all work) while the samples hold a single width."""
+    if not _spans_widths(samples):
+        return old
+    n = len(samples)
+    mean_w = sum(w for w, _ in samples) / n
+    mean_y = sum(y for _, y in samples) / n
+    var = sum((w - mean_w) ** 2 for w, _ in samples)
+    slope = sum((w - mean_w) * (y - mean_y) for w, y in samples) / var
+    return min(max(0.0, slope), mean_y / mean_w)
 
 
 class HysteresisController(Lending):
@@ -90,6 +133,15 @@ class HysteresisController(Lending):
         """Pipelined rollouts: a step's rollout from its start to its last request (EMA)."""
         self._latency_width = 1
         """The rollout width `latency_s` was last measured at."""
+        self._bulk_widths: deque[tuple[int, float]] = deque(maxlen=WIDTH_WINDOW)
+        self._roll_widths: deque[tuple[int, float]] = deque(maxlen=WIDTH_WINDOW)
+        """Recent (width, device-seconds) of the bulk / the pipelined rollout's work."""
+        self._widths_fitted = False
+        """Some rollout was measured at two widths (the slopes below are fitted)."""
+        self._bulk_slope = 0.0
+        self._roll_slope = 0.0
+        """Device-seconds per engine of the bulk / the pipelined rollout that do not divide
+        with the width (`_width_slope`, the last fit over two widths or more)."""
         self._pipelined = False
         self._seen_steps = 0
         self._tail_start_s: float | None = None
@@ -126,6 +178,9 @@ class HysteresisController(Lending):
                 self.roll_tail_s = _ema(None if self.roll_dev_s is None else self.roll_tail_s,
                                         tail_dev_s / max(1, timing.num_rollout_devices), w)
                 self.roll_dev_s = _ema(self.roll_dev_s, timing.rollout_device_s - tail_dev_s, w)
+                self._roll_widths.append((timing.num_rollout_devices,
+                                          timing.rollout_device_s - tail_dev_s))
+                self._roll_slope = _width_slope(self._roll_widths, self._roll_slope)
                 self.latency_s = _ema(self.latency_s, timing.rollout_s, w)
                 self._latency_width = timing.num_rollout_devices
             start = self._rollout_start_by_step.get(timing.step)
@@ -136,6 +191,10 @@ class HysteresisController(Lending):
             else:
                 bulk_s, tail_s = timing.rollout_s, 0.0
             self.bulk_dev_s = _ema(self.bulk_dev_s, bulk_s * timing.num_rollout_devices, w)
+            self._bulk_widths.append((timing.num_rollout_devices,
+                                      bulk_s * timing.num_rollout_devices))
+            self._bulk_slope = _width_slope(self._bulk_widths, self._bulk_slope)
+            self._widths_fitted |= _spans_widths(self._bulk_widths)
             self.tail_s = _ema(self.tail_s, tail_s, w)
         self._seen_steps = len(view.history)
 
@@ -150,18 +209,34 @@ class HysteresisController(Lending):
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
         if staleness == 0 and self.streams_training and self.p.release_tail:
             return self._stream_s0(num_rollout, num_devices, self._lend_ok)
+        train = self.train_dev_s / (num_devices - num_rollout)
         if staleness and self._pipelined and self.roll_dev_s is not None:
             # The tail overlaps the next step's rollout: both stages cost device-seconds.
             # But step k + 1 + s waits for step k's last request, so 1 + s steps cover the
             # rollout's latency: measured at one width, assumed to grow as 1/R below it and
             # not to shrink above it (a latency-bound run then sees no split worth a move).
             latency_s = (self.latency_s or 0.0) * max(1.0, self._latency_width / num_rollout)
-            return max(self.roll_dev_s / num_rollout + self.roll_tail_s,
-                       self.train_dev_s / (num_devices - num_rollout),
-                       latency_s / (1 + staleness))
-        rollout = (self.tail_s or 0.0) + self.bulk_dev_s / num_rollout
-        train = self.train_dev_s / (num_devices - num_rollout)
+            rollout = self.roll_tail_s + self._engine_s(
+                self.roll_dev_s, self._roll_widths, self._roll_slope, num_rollout)
+            return max(rollout, train, latency_s / (1 + staleness))
+        rollout = (self.tail_s or 0.0) + self._engine_s(
+            self.bulk_dev_s, self._bulk_widths, self._bulk_slope, num_rollout)
         return max(rollout, train) if staleness else rollout + train
+
+    @staticmethod
+    def _engine_s(dev_s: float, samples: deque[tuple[int, float]], slope: float,
+                  width: int) -> float:
+        """Seconds each of `width` engines spends on a rollout: the work divides, the
+        per-engine floor (`slope`, `_width_slope`) does not. Anchored at the recent samples'
+        mean while they span two widths or more, else at `dev_s` (EMA) at their width."""
+        if not samples:
+            return dev_s / width
+        if _spans_widths(samples):
+            at_w = sum(w for w, _ in samples) / len(samples)
+            dev_s = sum(y for _, y in samples) / len(samples)
+        else:
+            at_w = samples[-1][0]
+        return max(0.0, dev_s + slope * (width - at_w)) / width
 
     def _measure_mode(self, view: RunView) -> None:
         """The previous step's duration (step start to step start), filed under the split it
@@ -175,7 +250,9 @@ class HysteresisController(Lending):
             return
         lent = self._mode_of_step.get(view.step - 1, False)
         split = self._split_of_step.get(view.step - 1)
-        if split is not None and view.step - 1 > 0:  # step 0 fills the pipeline
+        # steps 0..s fill the pipeline (at staleness 0, step 0 also pays the first
+        # communicators and weight loads)
+        if split is not None and view.step - 1 > view.staleness:
             key = (lent, split)
             old = self._split_step_s.get(key)
             fresh = old if old is not None and view.step - old[1] <= MEASURED_FOR_STEPS else None
@@ -211,19 +288,38 @@ class HysteresisController(Lending):
             self.p.release_tail and self._lending_pays(n, base)
         self._mode_of_step[view.step] = self._lend_ok
         score = self._split_scores(n, base, view.staleness, view.step)
-        best = min(range(1, n), key=lambda k: (score(k), abs(k - base)))
+        best = min(self._candidates(n, base, view.step),
+                   key=lambda k: (score(k), abs(k - base)))
         now_s = score(base)
         gain_s = now_s - score(best)
         # a change of lending mode re-plans the split at once (it was chosen for the mode)
         dwell_ok = (view.step - self._last_change_step >= self.p.min_dwell_steps
                     or was_ok != self._lend_ok)
-        worth = (gain_s > self.p.band * now_s and
+        # at staleness >= 1, before two rollout widths were measured, a split not measured
+        # recently is chosen on a model whose width scaling is a guess (all work; memory-
+        # bound engines do not speed up): it must promise `UNMEASURED_BAND` bands
+        got = self._split_step_s.get((self._lend_ok, best))
+        guess = view.staleness and not self._widths_fitted and (
+            got is None or view.step - got[1] > MEASURED_FOR_STEPS)
+        band = self.p.band * (UNMEASURED_BAND if guess else 1.0)
+        worth = (gain_s > band * now_s and
                  gain_s * self.p.horizon_steps > self.p.cost_margin * self._cost_s(view))
         target = best if (dwell_ok and worth) else base
         self._split_of_step[view.step] = target
         if target != base:
             self._last_change_step = view.step
         return self._moves_to(r, target, blocking)
+
+    def _candidates(self, n: int, base: int, step: int) -> list[int]:
+        """Splits worth scoring: a trust region around the current one (neither stage more
+        than doubles or halves in one move: the model is fitted where the run is, and far
+        from it its shape is a guess) and every split measured recently."""
+        t, f = n - base, TRUST_FACTOR
+        lo = max(1, math.ceil(base / f), n - f * t)
+        hi = min(n - 1, f * base, n - math.ceil(t / f))
+        measured = {k for (m, k), got in self._split_step_s.items()
+                    if m == self._lend_ok and step - got[1] <= MEASURED_FOR_STEPS}
+        return sorted(set(range(lo, hi + 1)) | measured)
 
     def _split_scores(self, n: int, base: int, staleness: int,
                       step: int) -> Callable[[int], float]:
@@ -233,13 +329,9 @@ class HysteresisController(Lending):
         split measured on the way there from the current one (a direction that measured
         slower is not explored further on the model's word)."""
         mode = self._lend_ok
-
-        def predicted(k: int) -> float:
-            return self.predict_step_s(k, n, staleness)
-
         got_base = self._split_step_s.get((mode, base))
         measured_base = got_base[0] if got_base else None
-        base_pred = predicted(base)
+        base_pred = self.predict_step_s(base, n, staleness)
         scale = measured_base / base_pred if measured_base and base_pred > 0 else 1.0
 
         measured = {k: v for (m, k), (v, s) in self._split_step_s.items()
@@ -251,7 +343,7 @@ class HysteresisController(Lending):
                 return got
             lo, hi = min(base, k), max(base, k)
             on_the_way = [v for j, v in measured.items() if j != base and lo <= j <= hi]
-            return max([scale * predicted(k), *on_the_way])
+            return max([scale * self.predict_step_s(k, n, staleness), *on_the_way])
         return score
 
     def _moves_to(self, num_rollout: int, target: int, blocking: bool = False) -> list[Move]:

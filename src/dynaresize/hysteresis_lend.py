@@ -14,6 +14,7 @@ Lent engines come back at the next step start (`_released`).
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import TYPE_CHECKING
 
 from dynaresize.controller import Move, RunView
@@ -47,6 +48,12 @@ class Lending:
     _round_trip_measured: bool
     _lend_ok: bool
     _mode_step_s: dict[bool, float]
+    _bulk_widths: deque[tuple[int, float]]
+    _bulk_slope: float
+
+    def _engine_s(self, dev_s: float, samples: deque[tuple[int, float]], slope: float,
+                  width: int) -> float:
+        raise NotImplementedError
 
     def _cost_s(self, view: RunView) -> float:
         raise NotImplementedError
@@ -80,7 +87,8 @@ class Lending:
         training once the rollout ends (a round trip of two resizes)."""
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
         tail = self.tail_s or 0.0
-        bulk = self.bulk_dev_s / num_rollout
+        bulk = self._engine_s(self.bulk_dev_s, self._bulk_widths, self._bulk_slope,
+                              num_rollout)
         num_train = num_devices - num_rollout
         capacity = num_train * (0.5 * bulk + tail) + (num_rollout - 1) * tail
         left = max(0.0, self.train_dev_s - capacity)

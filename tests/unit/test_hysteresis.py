@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from dynaresize.allocation import Allocation
 from dynaresize.controller import RunView, StepTiming
-from dynaresize.hysteresis import HysteresisController, HysteresisParams
+from dynaresize.hysteresis import HysteresisController, HysteresisParams, _width_slope
 
 
 def view(step: int, alloc: Allocation, history: list[StepTiming], staleness: int = 1,
@@ -22,11 +24,66 @@ def test_moves_devices_to_the_slower_stage_once_and_then_dwells() -> None:
     alloc = Allocation.initial(2, 6)          # rollout starved: 100 s vs train 10 s
     hist = [timing(0, 100.0, 10.0, 2, 6)]
     moves = ctl.at_step_start(view(1, alloc, hist))
-    # 200 rollout device-s, 60 train device-s: max(200/R, 60/(8-R)) is least at R = 6
-    assert [(m.move, m.num_devices) for m in moves] == [("train->rollout", 4)]
+    # 200 rollout device-s, 60 train device-s: max(200/R, 60/(8-R)) is least at R = 6, but
+    # one move at most doubles the rollout stage (the trust region): R = 4
+    assert [(m.move, m.num_devices) for m in moves] == [("train->rollout", 2)]
     # right after a change, the dwell time forbids another one even if estimates move
     hist.append(timing(1, 20.0, 80.0, 7, 1))
     assert ctl.at_step_start(view(2, Allocation.initial(7, 1), hist)) == []
+
+
+def test_one_move_at_most_doubles_or_halves_either_stage() -> None:
+    """The model is fitted at the current split; far from it its shape is a guess (at 128
+    GPUs it once sent every trainer but one to the rollout). Splits measured recently stay
+    candidates wherever they are."""
+    ctl = HysteresisController(HysteresisParams())
+    assert ctl._candidates(128, 25, step=1) == list(range(13, 51))   # R <= 50 (T >= 52)
+    assert ctl._candidates(8, 2, step=1) == [1, 2, 3, 4]
+    assert ctl._candidates(8, 6, step=1) == [4, 5, 6, 7]              # T <= 4
+    ctl._split_step_s = {(False, 100): (9.0, 1)}
+    assert 100 in ctl._candidates(128, 25, step=2)
+    assert 100 not in ctl._candidates(128, 25, step=20)                # forgotten
+
+
+def test_a_first_move_on_the_models_word_needs_twice_the_band() -> None:
+    """Until the rollout was measured at two widths, the model's width scaling is a guess
+    (all work divides; memory-bound engines do not speed up): at staleness >= 1 a move to a
+    split not measured needs twice the band; afterwards, the band."""
+    def moves(hist: list[StepTiming], r: int) -> list[tuple[str, int]]:
+        ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0))
+        v = view(len(hist), Allocation.initial(r, 16 - r), hist)
+        return [(m.move, m.num_devices) for m in ctl.at_step_start(v)]
+
+    # 8R/8T: max(640 rollout device-s / R, 800 training device-s / (16 - R)) is 100 s now,
+    # 91.4 s at R = 7 (8.6% better)
+    assert moves([timing(0, 80.0, 100.0, 8, 8)], 8) == []
+    # the same work measured at 7R/9T too: it divides (slope 0), and the band applies
+    two_widths = [timing(0, 640.0 / 7, 800.0 / 9, 7, 9), timing(1, 80.0, 100.0, 8, 8)]
+    assert moves(two_widths, 8) == [("rollout->train", 1)]
+
+
+def test_rollout_seconds_that_do_not_divide_with_the_width_are_learned() -> None:
+    """Memory-bound engines (few requests each) take as long at any width: their
+    device-seconds grow with the width. Once two widths were measured, the fitted per-engine
+    floor stops the model from sending more engines to a rollout they cannot speed up."""
+    assert _width_slope(deque([(4, 40.0), (4, 44.0)]), 0.0) == 0.0      # one width: all work
+    assert _width_slope(deque([(4, 40.0), (8, 80.0)]), 0.0) == 10.0
+    assert _width_slope(deque([(4, 40.0), (8, 40.0), (8, 40.0)]), 3.0) == 0.0  # pure work
+    assert _width_slope(deque([(4, 10.0), (8, 80.0)]), 0.0) == 90.0 / 12  # <= per engine
+    assert _width_slope(deque([(8, 80.0)] * 3), 5.0) == 5.0              # kept
+
+    def rollout_at(ctl: HysteresisController, r: int) -> float:
+        return ctl.predict_step_s(r, 64, 1)
+
+    ctl = HysteresisController(HysteresisParams(cost_margin=0.0))
+    hist = [timing(0, 10.0, 1.0, 8, 56)]                                 # 80 device-s at 8
+    ctl.at_step_start(view(1, Allocation.initial(8, 56), hist))
+    assert rollout_at(ctl, 16) == 5.0                                    # all work: halves
+    hist += [timing(1, 10.0, 1.0, 16, 48), timing(2, 10.0, 1.0, 16, 48)]  # 160 at 16
+    ctl._last_change_step = -10
+    moves = ctl.at_step_start(view(3, Allocation.initial(16, 48), hist))
+    assert abs(rollout_at(ctl, 32) - 10.0) < 1e-9 and abs(rollout_at(ctl, 8) - 10.0) < 1e-9
+    assert all(m.move != "train->rollout" for m in moves)
 
 
 def test_band_keeps_a_nearly_balanced_split() -> None:
@@ -172,9 +229,10 @@ def test_pipelined_tail_time_per_engine_does_not_shrink_with_fewer_engines() -> 
     800 device-s, 600 of them in the tail (75 s each); training took 960 device-s on 8.
     Per split: max(200/R + 75, 960/(16 - R), latency 150/2 x 8/R): 120 s at R = 8, 106.7 s at
     R = 7 (11% better: one engine goes to training). Counted as work, 800/R makes R = 7
-    114.3 s, under the 8% band: no move."""
+    114.3 s (5%), under the 10% a first move needs (twice the 5% band, until the rollout was
+    measured at two widths): no move."""
     def decide(tail_dev_s: float) -> list[tuple[str, int]]:
-        ctl = HysteresisController(HysteresisParams(band=0.08, cost_margin=0.0))
+        ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0))
         hist = [StepTiming(0, 150.0, 120.0, 1000, 8, 8, train_device_s=960.0,
                            rollout_device_s=800.0, rollout_tail_device_s=tail_dev_s)]
         moves = ctl.at_step_start(view(1, Allocation.initial(8, 8), hist, pipelined=True))

@@ -64,7 +64,7 @@ def test_device_stopped_between_steps_gets_no_rollout_work() -> None:
     workload = get_workload("drift", seed=0, requests_per_step=2048)
     costs = get_cost_model("h100-7b")
     cfg = sim_config(workload, 26, 6, 12, 1, 0, costs)
-    controller = HysteresisController(HysteresisParams())
+    controller = HysteresisController(HysteresisParams(band=0.0, min_dwell_steps=1))
     controller.streams_training = False  # the split moves this regression needs
     run = run_config(cfg, workload, costs, controller=controller)
     assert run.summary["num_resizes"] >= 2
