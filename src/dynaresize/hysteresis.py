@@ -7,9 +7,8 @@ Estimates, from the run's own measurements (exponential moving averages):
 - rollout of a step = *bulk* + *tail*: the bulk lasts until the remaining requests would fill
   every engine only lightly (`tail_batch` each; device-seconds `bulk_dev_s` = a + b x R, R the
   width the rollout started with: `a` the work, which divides, `b` seconds every engine spends
-  whatever its share, fitted once two widths were measured, `_width_slope`; memory-bound
-  engines, with few requests each, read the weights every iteration at any width), the tail
-  is the rest (`tail_s`, independent of R);
+  whatever its share, fitted once two widths were measured, `dynaresize.rollout_width`), the
+  tail is the rest (`tail_s`, independent of R);
 - training = `train_dev_s` device-seconds actually trained (streaming: without the waits for
   groups; scales as 1/T);
 - pipelined rollouts (`RunView.pipelined`, staleness >= 1): the tail overlaps the next step's
@@ -32,9 +31,8 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   1 + s steps, which fill the pipeline, are not filed as any split's measured step time. At
   staleness >= 1, until the rollout was measured at two widths, a move to a split not
   measured needs `UNMEASURED_BAND` bands (the width scaling is still a guess).
-  Staleness 1: max(rollout, train),
-  the stages overlap; with pipelined rollouts max(roll_dev_s(R) / R + roll_tail_s,
-  train_dev_s / T, latency / (1 + s)).
+  Staleness 1: max(rollout, train), the stages overlap; with pipelined rollouts
+  max(roll_dev_s(R) / R + roll_tail_s, train_dev_s / T, latency / (1 + s)).
   Staleness 0: the trainers stream through about half of the bulk's groups and the released
   engines through the tail; the rest follows the rollout, on the trainers, or on every device
   when lending at rollout end pays (`_lending_pays`: predicted to beat never lending by the
@@ -60,6 +58,7 @@ from dataclasses import dataclass
 from dynaresize.config import Config
 from dynaresize.controller import Move, RunView, register_policy
 from dynaresize.hysteresis_lend import Lending
+from dynaresize.rollout_width import WIDTH_WINDOW, engine_s, spans_widths, width_slope
 
 
 @dataclass
@@ -85,33 +84,8 @@ rollout was measured at two widths."""
 TRUST_FACTOR = 2
 """One split change grows or shrinks either stage by at most this factor."""
 
-WIDTH_WINDOW = 6
-"""Steps whose (rollout width, device-seconds) pairs fit how a rollout's device-seconds grow
-with its width (`_width_slope`)."""
-
-
 def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
-
-
-def _spans_widths(samples: deque[tuple[int, float]]) -> bool:
-    """The samples hold two widths or more (a slope can be fitted)."""
-    return len({w for w, _ in samples}) >= 2
-
-
-def _width_slope(samples: deque[tuple[int, float]], old: float) -> float:
-    """Least-squares slope b of device-seconds = a + b x width over `samples`, clamped to
-    [0, the seconds per engine]: b is the time every engine spends whatever its share (decode
-    iterations that read the weights, memory-bound at small batch), a the work that divides.
-    `old` (0 at first: all work) while the samples hold a single width."""
-    if not _spans_widths(samples):
-        return old
-    n = len(samples)
-    mean_w = sum(w for w, _ in samples) / n
-    mean_y = sum(y for _, y in samples) / n
-    var = sum((w - mean_w) ** 2 for w, _ in samples)
-    slope = sum((w - mean_w) * (y - mean_y) for w, y in samples) / var
-    return min(max(0.0, slope), mean_y / mean_w)
 
 
 class HysteresisController(Lending):
@@ -141,7 +115,7 @@ class HysteresisController(Lending):
         self._bulk_slope = 0.0
         self._roll_slope = 0.0
         """Device-seconds per engine of the bulk / the pipelined rollout that do not divide
-        with the width (`_width_slope`, the last fit over two widths or more)."""
+        with the width (`rollout_width.width_slope`, the last fit over two widths or more)."""
         self._pipelined = False
         self._seen_steps = 0
         self._tail_start_s: float | None = None
@@ -180,7 +154,7 @@ class HysteresisController(Lending):
                 self.roll_dev_s = _ema(self.roll_dev_s, timing.rollout_device_s - tail_dev_s, w)
                 self._roll_widths.append((timing.num_rollout_devices,
                                           timing.rollout_device_s - tail_dev_s))
-                self._roll_slope = _width_slope(self._roll_widths, self._roll_slope)
+                self._roll_slope = width_slope(self._roll_widths, self._roll_slope)
                 self.latency_s = _ema(self.latency_s, timing.rollout_s, w)
                 self._latency_width = timing.num_rollout_devices
             start = self._rollout_start_by_step.get(timing.step)
@@ -193,8 +167,8 @@ class HysteresisController(Lending):
             self.bulk_dev_s = _ema(self.bulk_dev_s, bulk_s * timing.num_rollout_devices, w)
             self._bulk_widths.append((timing.num_rollout_devices,
                                       bulk_s * timing.num_rollout_devices))
-            self._bulk_slope = _width_slope(self._bulk_widths, self._bulk_slope)
-            self._widths_fitted |= _spans_widths(self._bulk_widths)
+            self._bulk_slope = width_slope(self._bulk_widths, self._bulk_slope)
+            self._widths_fitted |= spans_widths(self._bulk_widths)
             self.tail_s = _ema(self.tail_s, tail_s, w)
         self._seen_steps = len(view.history)
 
@@ -216,27 +190,12 @@ class HysteresisController(Lending):
             # rollout's latency: measured at one width, assumed to grow as 1/R below it and
             # not to shrink above it (a latency-bound run then sees no split worth a move).
             latency_s = (self.latency_s or 0.0) * max(1.0, self._latency_width / num_rollout)
-            rollout = self.roll_tail_s + self._engine_s(
+            rollout = self.roll_tail_s + engine_s(
                 self.roll_dev_s, self._roll_widths, self._roll_slope, num_rollout)
             return max(rollout, train, latency_s / (1 + staleness))
-        rollout = (self.tail_s or 0.0) + self._engine_s(
+        rollout = (self.tail_s or 0.0) + engine_s(
             self.bulk_dev_s, self._bulk_widths, self._bulk_slope, num_rollout)
         return max(rollout, train) if staleness else rollout + train
-
-    @staticmethod
-    def _engine_s(dev_s: float, samples: deque[tuple[int, float]], slope: float,
-                  width: int) -> float:
-        """Seconds each of `width` engines spends on a rollout: the work divides, the
-        per-engine floor (`slope`, `_width_slope`) does not. Anchored at the recent samples'
-        mean while they span two widths or more, else at `dev_s` (EMA) at their width."""
-        if not samples:
-            return dev_s / width
-        if _spans_widths(samples):
-            at_w = sum(w for w, _ in samples) / len(samples)
-            dev_s = sum(y for _, y in samples) / len(samples)
-        else:
-            at_w = samples[-1][0]
-        return max(0.0, dev_s + slope * (width - at_w)) / width
 
     def _measure_mode(self, view: RunView) -> None:
         """The previous step's duration (step start to step start), filed under the split it

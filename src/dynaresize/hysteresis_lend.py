@@ -18,6 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from dynaresize.controller import Move, RunView
+from dynaresize.rollout_width import engine_s
 
 if TYPE_CHECKING:
     from dynaresize.hysteresis import HysteresisParams
@@ -51,10 +52,6 @@ class Lending:
     _bulk_widths: deque[tuple[int, float]]
     _bulk_slope: float
 
-    def _engine_s(self, dev_s: float, samples: deque[tuple[int, float]], slope: float,
-                  width: int) -> float:
-        raise NotImplementedError
-
     def _cost_s(self, view: RunView) -> float:
         raise NotImplementedError
 
@@ -87,7 +84,7 @@ class Lending:
         training once the rollout ends (a round trip of two resizes)."""
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
         tail = self.tail_s or 0.0
-        bulk = self._engine_s(self.bulk_dev_s, self._bulk_widths, self._bulk_slope,
+        bulk = engine_s(self.bulk_dev_s, self._bulk_widths, self._bulk_slope,
                               num_rollout)
         num_train = num_devices - num_rollout
         capacity = num_train * (0.5 * bulk + tail) + (num_rollout - 1) * tail

@@ -6,7 +6,8 @@ from collections import deque
 
 from dynaresize.allocation import Allocation
 from dynaresize.controller import RunView, StepTiming
-from dynaresize.hysteresis import HysteresisController, HysteresisParams, _width_slope
+from dynaresize.hysteresis import HysteresisController, HysteresisParams
+from dynaresize.rollout_width import width_slope
 
 
 def view(step: int, alloc: Allocation, history: list[StepTiming], staleness: int = 1,
@@ -66,11 +67,11 @@ def test_rollout_seconds_that_do_not_divide_with_the_width_are_learned() -> None
     """Memory-bound engines (few requests each) take as long at any width: their
     device-seconds grow with the width. Once two widths were measured, the fitted per-engine
     floor stops the model from sending more engines to a rollout they cannot speed up."""
-    assert _width_slope(deque([(4, 40.0), (4, 44.0)]), 0.0) == 0.0      # one width: all work
-    assert _width_slope(deque([(4, 40.0), (8, 80.0)]), 0.0) == 10.0
-    assert _width_slope(deque([(4, 40.0), (8, 40.0), (8, 40.0)]), 3.0) == 0.0  # pure work
-    assert _width_slope(deque([(4, 10.0), (8, 80.0)]), 0.0) == 90.0 / 12  # <= per engine
-    assert _width_slope(deque([(8, 80.0)] * 3), 5.0) == 5.0              # kept
+    assert width_slope(deque([(4, 40.0), (4, 44.0)]), 0.0) == 0.0      # one width: all work
+    assert width_slope(deque([(4, 40.0), (8, 80.0)]), 0.0) == 10.0
+    assert width_slope(deque([(4, 40.0), (8, 40.0), (8, 40.0)]), 3.0) == 0.0  # pure work
+    assert width_slope(deque([(4, 10.0), (8, 80.0)]), 0.0) == 90.0 / 12  # <= per engine
+    assert width_slope(deque([(8, 80.0)] * 3), 5.0) == 5.0              # kept
 
     def rollout_at(ctl: HysteresisController, r: int) -> float:
         return ctl.predict_step_s(r, 64, 1)
