@@ -30,7 +30,8 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   in the last `MEASURED_FOR_STEPS` steps are candidates wherever they are), and the first
   1 + s steps, which fill the pipeline, are not filed as any split's measured step time. At
   staleness >= 1, until the rollout was measured at two widths, a move to a split not
-  measured needs `UNMEASURED_BAND` bands (the width scaling is still a guess).
+  measured needs `UNMEASURED_BAND` bands where engines hold under a quarter of their slots
+  (`engine_slots`): memory-bound, they may not speed up as the model assumes.
   Staleness 1: max(rollout, train), the stages overlap; with pipelined rollouts
   max(roll_dev_s(R) / R + roll_tail_s, train_dev_s / T, latency / (1 + s)).
   Staleness 0: the trainers stream through about half of the bulk's groups and the released
@@ -71,6 +72,8 @@ class HysteresisParams:
     tail_batch: int = 8
     """Requests per engine that still count as a lightly loaded engine in the tail."""
     ema: float = 0.5
+    engine_slots: int = 0
+    """Continuous-batching slots per engine (`rollout.max_running_requests`; 0: unknown)."""
 
 
 MEASURED_FOR_STEPS = 10
@@ -78,8 +81,8 @@ MEASURED_FOR_STEPS = 10
 
 
 UNMEASURED_BAND = 2.0
-"""Bands a move to a split not measured recently must promise (staleness >= 1) until the
-rollout was measured at two widths."""
+"""Bands a move to a split not measured recently must promise (staleness >= 1, lightly loaded
+engines) until the rollout was measured at two widths."""
 
 TRUST_FACTOR = 2
 """One split change grows or shrinks either stage by at most this factor."""
@@ -110,6 +113,8 @@ class HysteresisController(Lending):
         self._bulk_widths: deque[tuple[int, float]] = deque(maxlen=WIDTH_WINDOW)
         self._roll_widths: deque[tuple[int, float]] = deque(maxlen=WIDTH_WINDOW)
         """Recent (width, device-seconds) of the bulk / the pipelined rollout's work."""
+        self._step_requests = 0
+        """Requests in the newest step seen in progress (`RunView.rollout_total`)."""
         self._widths_fitted = False
         """Some rollout was measured at two widths (the slopes below are fitted)."""
         self._bulk_slope = 0.0
@@ -255,10 +260,14 @@ class HysteresisController(Lending):
         dwell_ok = (view.step - self._last_change_step >= self.p.min_dwell_steps
                     or was_ok != self._lend_ok)
         # at staleness >= 1, before two rollout widths were measured, a split not measured
-        # recently is chosen on a model whose width scaling is a guess (all work; memory-
-        # bound engines do not speed up): it must promise `UNMEASURED_BAND` bands
+        # recently is chosen on a model that counts every rollout device-second as work;
+        # engines holding under a quarter of their slots are memory-bound (each iteration
+        # reads the weights, however few requests it serves) and may not speed up: there
+        # the move must promise `UNMEASURED_BAND` bands
         got = self._split_step_s.get((self._lend_ok, best))
-        guess = view.staleness and not self._widths_fitted and (
+        light = not self.p.engine_slots or \
+            self._step_requests < base * self.p.engine_slots / 4
+        guess = view.staleness and light and not self._widths_fitted and (
             got is None or view.step - got[1] > MEASURED_FOR_STEPS)
         band = self.p.band * (UNMEASURED_BAND if guess else 1.0)
         worth = (gain_s > band * now_s and
@@ -318,7 +327,8 @@ def make_hysteresis(cfg: Config) -> HysteresisController:
     c = cfg.controller
     return HysteresisController(HysteresisParams(
         band=c.band, min_dwell_steps=c.min_dwell_steps, horizon_steps=c.horizon_steps,
-        cost_margin=c.cost_margin, release_tail=c.release_tail, tail_batch=c.tail_batch))
+        cost_margin=c.cost_margin, release_tail=c.release_tail, tail_batch=c.tail_batch,
+        engine_slots=cfg.rollout.max_running_requests))
 
 
 register_policy("hysteresis", make_hysteresis)

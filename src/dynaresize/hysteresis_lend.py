@@ -51,6 +51,7 @@ class Lending:
     _mode_step_s: dict[bool, float]
     _bulk_widths: deque[tuple[int, float]]
     _bulk_slope: float
+    _step_requests: int
 
     def _cost_s(self, view: RunView) -> float:
         raise NotImplementedError
@@ -97,6 +98,7 @@ class Lending:
     def on_rollout_progress(self, view: RunView) -> list[Move]:
         r = len(view.allocation.rollout)
         remaining = view.rollout_total - view.rollout_finished
+        self._step_requests = view.rollout_total
         self._rollout_start_by_step[view.step] = view.rollout_started_s
         light = self.p.tail_batch
         if self._tail_start_s is None and remaining <= r * light:

@@ -47,20 +47,25 @@ def test_one_move_at_most_doubles_or_halves_either_stage() -> None:
 
 
 def test_a_first_move_on_the_models_word_needs_twice_the_band() -> None:
-    """Until the rollout was measured at two widths, the model's width scaling is a guess
-    (all work divides; memory-bound engines do not speed up): at staleness >= 1 a move to a
-    split not measured needs twice the band; afterwards, the band."""
-    def moves(hist: list[StepTiming], r: int) -> list[tuple[str, int]]:
-        ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0))
+    """Until the rollout was measured at two widths, the model counts every rollout
+    device-second as work; engines holding under a quarter of their slots are memory-bound
+    and may not speed up. There, at staleness >= 1, a move to a split not measured needs
+    twice the band; with busy engines, or once two widths were measured, the band."""
+    def moves(hist: list[StepTiming], r: int, requests: int = 0) -> list[tuple[str, int]]:
+        ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0,
+                                                    engine_slots=32))
+        ctl._step_requests = requests
         v = view(len(hist), Allocation.initial(r, 16 - r), hist)
         return [(m.move, m.num_devices) for m in ctl.at_step_start(v)]
 
     # 8R/8T: max(640 rollout device-s / R, 800 training device-s / (16 - R)) is 100 s now,
     # 91.4 s at R = 7 (8.6% better)
-    assert moves([timing(0, 80.0, 100.0, 8, 8)], 8) == []
+    assert moves([timing(0, 80.0, 100.0, 8, 8)], 8, requests=8 * 7) == []
+    # the same with busy engines (8 x 32 requests): the band
+    assert moves([timing(0, 80.0, 100.0, 8, 8)], 8, requests=8 * 32) == [("rollout->train", 1)]
     # the same work measured at 7R/9T too: it divides (slope 0), and the band applies
     two_widths = [timing(0, 640.0 / 7, 800.0 / 9, 7, 9), timing(1, 80.0, 100.0, 8, 8)]
-    assert moves(two_widths, 8) == [("rollout->train", 1)]
+    assert moves(two_widths, 8, requests=8 * 7) == [("rollout->train", 1)]
 
 
 def test_rollout_seconds_that_do_not_divide_with_the_width_are_learned() -> None:
