@@ -84,6 +84,9 @@ UNMEASURED_BAND = 2.0
 """Bands a move to a split not measured recently must promise (staleness >= 1, lightly loaded
 engines) until the rollout was measured at two widths."""
 
+LIGHT_LOAD = 0.25
+"""Engines holding under this share of their slots count as lightly loaded (memory-bound)."""
+
 TRUST_FACTOR = 2
 """One split change grows or shrinks either stage by at most this factor."""
 
@@ -261,12 +264,12 @@ class HysteresisController(Lending):
                     or was_ok != self._lend_ok)
         # at staleness >= 1, before two rollout widths were measured, a split not measured
         # recently is chosen on a model that counts every rollout device-second as work;
-        # engines holding under a quarter of their slots are memory-bound (each iteration
+        # engines holding under `LIGHT_LOAD` of their slots are memory-bound (each iteration
         # reads the weights, however few requests it serves) and may not speed up: there
         # the move must promise `UNMEASURED_BAND` bands
         got = self._split_step_s.get((self._lend_ok, best))
         light = not self.p.engine_slots or \
-            self._step_requests < base * self.p.engine_slots / 4
+            self._step_requests < base * self.p.engine_slots * LIGHT_LOAD
         guess = view.staleness and light and not self._widths_fitted and (
             got is None or view.step - got[1] > MEASURED_FOR_STEPS)
         band = self.p.band * (UNMEASURED_BAND if guess else 1.0)

@@ -85,8 +85,7 @@ class Lending:
         training once the rollout ends (a round trip of two resizes)."""
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
         tail = self.tail_s or 0.0
-        bulk = engine_s(self.bulk_dev_s, self._bulk_widths, self._bulk_slope,
-                              num_rollout)
+        bulk = engine_s(self.bulk_dev_s, self._bulk_widths, self._bulk_slope, num_rollout)
         num_train = num_devices - num_rollout
         capacity = num_train * (0.5 * bulk + tail) + (num_rollout - 1) * tail
         left = max(0.0, self.train_dev_s - capacity)
