@@ -7,8 +7,9 @@ Estimates, from the run's own measurements (exponential moving averages):
 - rollout of a step = *bulk* + *tail*: the bulk lasts until the remaining requests would fill
   every engine only lightly (`tail_batch` each; device-seconds `bulk_dev_s` = a + b x R, R the
   width the rollout started with: `a` the work, which divides, `b` seconds every engine spends
-  whatever its share, fitted once two widths were measured, `dynaresize.rollout_width`), the
-  tail is the rest (`tail_s`, independent of R);
+  whatever its share, fitted once two widths were measured, `dynaresize.rollout_width`, while
+  engines hold under half their slots, `BUSY_LOAD`: busier, the bulk's growth with width is
+  where its end falls, and b = 0), the tail is the rest (`tail_s`, independent of R);
 - training = `train_dev_s` device-seconds actually trained (streaming: without the waits for
   groups; scales as 1/T);
 - pipelined rollouts (`RunView.pipelined`, staleness >= 1): the tail overlaps the next step's
@@ -31,7 +32,7 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   1 + s steps, which fill the pipeline, are not filed as any split's measured step time. At
   staleness >= 1, until the rollout was measured at two widths, a move to a split not
   measured needs `UNMEASURED_BAND` bands where engines hold under a quarter of their slots
-  (`engine_slots`): memory-bound, they may not speed up as the model assumes.
+  (`LIGHT_LOAD` x `engine_slots`): memory-bound, they may not speed up as the model assumes.
   Staleness 1: max(rollout, train), the stages overlap; with pipelined rollouts
   max(roll_dev_s(R) / R + roll_tail_s, train_dev_s / T, latency / (1 + s)).
   Staleness 0: the trainers stream through about half of the bulk's groups and the released
@@ -85,7 +86,12 @@ UNMEASURED_BAND = 2.0
 engines) until the rollout was measured at two widths."""
 
 LIGHT_LOAD = 0.25
-"""Engines holding under this share of their slots count as lightly loaded (memory-bound)."""
+"""Engines holding under this share of their slots count as lightly loaded (memory-bound:
+each decode iteration reads the weights however few requests it serves)."""
+
+BUSY_LOAD = 0.5
+"""Engines holding at least this share of their slots are busy: the bulk's growth with width
+is where its end falls (at `tail_batch` per engine), not a per-engine floor."""
 
 TRUST_FACTOR = 2
 """One split change grows or shrinks either stage by at most this factor."""
@@ -175,10 +181,17 @@ class HysteresisController(Lending):
             self.bulk_dev_s = _ema(self.bulk_dev_s, bulk_s * timing.num_rollout_devices, w)
             self._bulk_widths.append((timing.num_rollout_devices,
                                       bulk_s * timing.num_rollout_devices))
-            self._bulk_slope = width_slope(self._bulk_widths, self._bulk_slope)
+            self._bulk_slope = width_slope(self._bulk_widths, self._bulk_slope) \
+                if self._light(timing.num_rollout_devices, BUSY_LOAD) else 0.0
             self._widths_fitted |= spans_widths(self._bulk_widths)
             self.tail_s = _ema(self.tail_s, tail_s, w)
         self._seen_steps = len(view.history)
+
+    def _light(self, num_rollout: int, load: float = LIGHT_LOAD) -> bool:
+        """The newest step's requests leave `num_rollout` engines under `load` of their
+        slots (or the slots or the requests are unknown)."""
+        slots, requests = self.p.engine_slots, self._step_requests
+        return not slots or not requests or requests < num_rollout * slots * load
 
     def _cost_s(self, view: RunView) -> float:
         if view.resize_critical_s:
@@ -268,9 +281,7 @@ class HysteresisController(Lending):
         # reads the weights, however few requests it serves) and may not speed up: there
         # the move must promise `UNMEASURED_BAND` bands
         got = self._split_step_s.get((self._lend_ok, best))
-        light = not self.p.engine_slots or \
-            self._step_requests < base * self.p.engine_slots * LIGHT_LOAD
-        guess = view.staleness and light and not self._widths_fitted and (
+        guess = view.staleness and self._light(base) and not self._widths_fitted and (
             got is None or view.step - got[1] > MEASURED_FOR_STEPS)
         band = self.p.band * (UNMEASURED_BAND if guess else 1.0)
         worth = (gain_s > band * now_s and
