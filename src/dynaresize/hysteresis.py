@@ -53,14 +53,13 @@ micro-batches as their groups complete, see `dynaresize.stream`):
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynaresize.config import Config
 from dynaresize.controller import Move, RunView, register_policy
 from dynaresize.hysteresis_lend import Lending
-from dynaresize.rollout_width import WIDTH_WINDOW, engine_s, spans_widths, width_slope
+from dynaresize.rollout_width import WidthFit, spans_widths
 
 
 @dataclass
@@ -96,6 +95,7 @@ is where its end falls (at `tail_batch` per engine), not a per-engine floor."""
 TRUST_FACTOR = 2
 """One split change grows or shrinks either stage by at most this factor."""
 
+
 def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
@@ -119,17 +119,14 @@ class HysteresisController(Lending):
         """Pipelined rollouts: a step's rollout from its start to its last request (EMA)."""
         self._latency_width = 1
         """The rollout width `latency_s` was last measured at."""
-        self._bulk_widths: deque[tuple[int, float]] = deque(maxlen=WIDTH_WINDOW)
-        self._roll_widths: deque[tuple[int, float]] = deque(maxlen=WIDTH_WINDOW)
-        """Recent (width, device-seconds) of the bulk / the pipelined rollout's work."""
+        self._bulk_fit = WidthFit()
+        self._roll_fit = WidthFit()
+        """How the bulk's / the pipelined rollout's device-seconds grow with width
+        (`dynaresize.rollout_width`)."""
         self._step_requests = 0
         """Requests in the newest step seen in progress (`RunView.rollout_total`)."""
         self._widths_fitted = False
-        """Some rollout was measured at two widths (the slopes below are fitted)."""
-        self._bulk_slope = 0.0
-        self._roll_slope = 0.0
-        """Device-seconds per engine of the bulk / the pipelined rollout that do not divide
-        with the width (`rollout_width.width_slope`, the last fit over two widths or more)."""
+        """Some rollout was measured at two widths (the floors are fitted)."""
         self._pipelined = False
         self._seen_steps = 0
         self._tail_start_s: float | None = None
@@ -166,9 +163,8 @@ class HysteresisController(Lending):
                 self.roll_tail_s = _ema(None if self.roll_dev_s is None else self.roll_tail_s,
                                         tail_dev_s / max(1, timing.num_rollout_devices), w)
                 self.roll_dev_s = _ema(self.roll_dev_s, timing.rollout_device_s - tail_dev_s, w)
-                self._roll_widths.append((timing.num_rollout_devices,
-                                          timing.rollout_device_s - tail_dev_s))
-                self._roll_slope = width_slope(self._roll_widths, self._roll_slope)
+                self._roll_fit.add(timing.num_rollout_devices,
+                                   timing.rollout_device_s - tail_dev_s)
                 self.latency_s = _ema(self.latency_s, timing.rollout_s, w)
                 self._latency_width = timing.num_rollout_devices
             start = self._rollout_start_by_step.get(timing.step)
@@ -179,11 +175,9 @@ class HysteresisController(Lending):
             else:
                 bulk_s, tail_s = timing.rollout_s, 0.0
             self.bulk_dev_s = _ema(self.bulk_dev_s, bulk_s * timing.num_rollout_devices, w)
-            self._bulk_widths.append((timing.num_rollout_devices,
-                                      bulk_s * timing.num_rollout_devices))
-            self._bulk_slope = width_slope(self._bulk_widths, self._bulk_slope) \
-                if self._light(timing.num_rollout_devices, BUSY_LOAD) else 0.0
-            self._widths_fitted |= spans_widths(self._bulk_widths)
+            self._bulk_fit.add(timing.num_rollout_devices, bulk_s * timing.num_rollout_devices,
+                               fit=self._light(timing.num_rollout_devices, BUSY_LOAD))
+            self._widths_fitted |= spans_widths(self._bulk_fit.samples)
             self.tail_s = _ema(self.tail_s, tail_s, w)
         self._seen_steps = len(view.history)
 
@@ -211,11 +205,9 @@ class HysteresisController(Lending):
             # rollout's latency: measured at one width, assumed to grow as 1/R below it and
             # not to shrink above it (a latency-bound run then sees no split worth a move).
             latency_s = (self.latency_s or 0.0) * max(1.0, self._latency_width / num_rollout)
-            rollout = self.roll_tail_s + engine_s(
-                self.roll_dev_s, self._roll_widths, self._roll_slope, num_rollout)
+            rollout = self.roll_tail_s + self._roll_fit.engine_s(self.roll_dev_s, num_rollout)
             return max(rollout, train, latency_s / (1 + staleness))
-        rollout = (self.tail_s or 0.0) + engine_s(
-            self.bulk_dev_s, self._bulk_widths, self._bulk_slope, num_rollout)
+        rollout = (self.tail_s or 0.0) + self._bulk_fit.engine_s(self.bulk_dev_s, num_rollout)
         return max(rollout, train) if staleness else rollout + train
 
     def _measure_mode(self, view: RunView) -> None:

@@ -14,11 +14,10 @@ Lent engines come back at the next step start (`_released`).
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import TYPE_CHECKING
 
 from dynaresize.controller import Move, RunView
-from dynaresize.rollout_width import engine_s
+from dynaresize.rollout_width import WidthFit
 
 if TYPE_CHECKING:
     from dynaresize.hysteresis import HysteresisParams
@@ -49,8 +48,7 @@ class Lending:
     _round_trip_measured: bool
     _lend_ok: bool
     _mode_step_s: dict[bool, float]
-    _bulk_widths: deque[tuple[int, float]]
-    _bulk_slope: float
+    _bulk_fit: WidthFit
     _step_requests: int
 
     def _cost_s(self, view: RunView) -> float:
@@ -85,7 +83,7 @@ class Lending:
         training once the rollout ends (a round trip of two resizes)."""
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
         tail = self.tail_s or 0.0
-        bulk = engine_s(self.bulk_dev_s, self._bulk_widths, self._bulk_slope, num_rollout)
+        bulk = self._bulk_fit.engine_s(self.bulk_dev_s, num_rollout)
         num_train = num_devices - num_rollout
         capacity = num_train * (0.5 * bulk + tail) + (num_rollout - 1) * tail
         left = max(0.0, self.train_dev_s - capacity)

@@ -36,16 +36,34 @@ def width_slope(samples: deque[tuple[int, float]], old: float) -> float:
     return min(max(0.0, slope), mean_y / mean_w)
 
 
-def engine_s(dev_s: float, samples: deque[tuple[int, float]], slope: float,
-             width: int) -> float:
-    """Seconds each of `width` engines spends on a rollout: the work divides, the
-    per-engine floor (`slope`, `width_slope`) does not. Anchored at the recent samples'
-    mean while they span two widths or more, else at `dev_s` (EMA) at their width."""
-    if not samples:
-        return dev_s / width
-    if spans_widths(samples):
-        at_w = sum(w for w, _ in samples) / len(samples)
-        dev_s = sum(y for _, y in samples) / len(samples)
-    else:
-        at_w = samples[-1][0]
-    return max(0.0, dev_s + slope * (width - at_w)) / width
+class WidthFit:
+    """The recent (width, device-seconds) of one kind of rollout, the fitted per-engine floor
+    (`slope`) and the point predictions are anchored at, both updated once per step."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[int, float]] = deque(maxlen=WIDTH_WINDOW)
+        self.slope = 0.0
+        """The last fit over two widths or more (`width_slope`); 0 until then."""
+        self._anchor: tuple[float, float] | None = None
+        """(width, device-seconds): the samples' mean while they span two widths."""
+
+    def add(self, width: int, dev_s: float, fit: bool = True) -> None:
+        """Record a step's rollout; `fit=False` sets the floor to 0 (all work)."""
+        self.samples.append((width, dev_s))
+        self.slope = width_slope(self.samples, self.slope) if fit else 0.0
+        n = len(self.samples)
+        self._anchor = (sum(w for w, _ in self.samples) / n,
+                        sum(y for _, y in self.samples) / n) \
+            if spans_widths(self.samples) else None
+
+    def engine_s(self, dev_s: float, width: int) -> float:
+        """Seconds each of `width` engines spends on a rollout: the work divides, the
+        per-engine floor (`slope`) does not. Anchored at the recent samples' mean while they
+        span two widths or more, else at `dev_s` (EMA) at their width."""
+        if not self.samples:
+            return dev_s / width
+        if self._anchor is not None:
+            at_w, dev_s = self._anchor
+        else:
+            at_w = self.samples[-1][0]
+        return max(0.0, dev_s + self.slope * (width - at_w)) / width
