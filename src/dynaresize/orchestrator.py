@@ -188,7 +188,7 @@ class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
         if self._holdings is None or not self._holdings[1].num_micro_batches:
             return 0.0
         holdings, stream = self._holdings
-        return 1.0 - len(holdings.held_by) / stream.num_micro_batches
+        return stream.todo_fraction(holdings.held_by)
 
     def _stream_future(self, step: int) -> asyncio.Future[StepStream]:
         if step not in self._streams:

@@ -16,6 +16,7 @@ which training rank holds each accumulated micro-batch (`Holdings`). No asyncio,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +48,12 @@ class StepStream:
         self._pending: dict[int, dict[int, tuple[Completion, float]]] = {}
         self._samples: dict[tuple[int, int], TrainSample] = {}
         self._ready: list[int] = []
+        self._sample_tokens: dict[tuple[int, int], int] = {}
+        self._mb_tokens: dict[int, int] = {}
+        """Ready micro-batch -> its tokens (prompt + response of every sample)."""
+        self._ready_tokens = 0
+        self._ready_s: list[tuple[float, int]] = []
+        """(when, tokens) each time micro-batches became ready (`add`'s `now_s`)."""
 
     @property
     def num_micro_batches(self) -> int:
@@ -61,9 +68,11 @@ class StepStream:
         """Ready micro-batch indices, in the order they became ready."""
         return self._ready
 
-    def add(self, completion: Completion, reward: float) -> list[int]:
-        """Record one completion; returns the micro-batches it made ready. Checks DESIGN §2.2
-        (the step's fixed version) before anything can train on it."""
+    def add(self, completion: Completion, reward: float,
+            now_s: float | None = None) -> list[int]:
+        """Record one completion (at time `now_s`, if given: `ready_profile`); returns the
+        micro-batches it made ready. Checks DESIGN §2.2 (the step's fixed version) before
+        anything can train on it."""
         spec = completion.spec
         if not spec.step == self.step or not spec.version == self.version \
                 == completion.engine_version:
@@ -81,13 +90,54 @@ class StepStream:
             return []
         del self._pending[spec.prompt]
         self._add_group(spec.prompt, [group[j] for j in range(self.samples_per_prompt)])
+        for j, (c, _) in group.items():
+            self._sample_tokens[(spec.prompt, j)] = c.num_prompt_tokens + c.num_tokens
         newly = []
         for m in self._mbs_of_prompt[spec.prompt]:
             self._missing_prompts[m] -= 1
             if self._missing_prompts[m] == 0:
                 newly.append(m)
+                tokens = sum(self._sample_tokens[key] for key in self._mb_keys[m])
+                self._mb_tokens[m] = tokens
+                self._ready_tokens += tokens
         self._ready.extend(newly)
+        if newly and now_s is not None:
+            self._ready_s.append((now_s, sum(self._mb_tokens[m] for m in newly)))
         return newly
+
+    def ready_profile(self, start_s: float, end_s: float,
+                      points: int = 10) -> tuple[float, ...]:
+        """The share of the step's training tokens ready by `start_s + i / points` of the
+        way to `end_s`, for i = 1..points (the rollout's start and end: how early its
+        training could have run). Empty before the step is complete or without times."""
+        if not self.complete or not self._ready_s or self._ready_tokens <= 0:
+            return ()
+        span_s = max(end_s - start_s, 1e-9)
+        by_point = [0] * points
+        for t, tokens in self._ready_s:
+            i = min(points - 1, max(0, math.ceil((t - start_s) / span_s * points) - 1))
+            by_point[i] += tokens
+        out, total = [], 0
+        for tokens in by_point:
+            total += tokens
+            out.append(total / self._ready_tokens)
+        return tuple(out)
+
+    def micro_batch_tokens(self, m: int) -> int:
+        """Tokens of ready micro-batch `m` (prompt + response of every sample)."""
+        return self._mb_tokens[m]
+
+    def todo_fraction(self, held: Iterable[int]) -> float:
+        """The share of the step's training tokens in micro-batches not in `held`: ready
+        micro-batches count their tokens, the others the mean of the ready ones (1 each
+        before any is ready). Token-weighted, since the last groups to finish are the
+        longest: at the rollout's end the micro-batches left hold far more than their count's
+        share of the work."""
+        num_ready = len(self._ready)
+        mean = self._ready_tokens / num_ready if num_ready else 1.0
+        total = self._ready_tokens + (len(self._mb_keys) - num_ready) * mean
+        done = sum(self._mb_tokens.get(m, mean) for m in held)
+        return max(0.0, 1.0 - done / total) if total > 0 else 0.0
 
     def _add_group(self, prompt: int, group: list[tuple[Completion, float]]) -> None:
         for s in group_samples(self.step, self.version, prompt, [c for c, _ in group],

@@ -4,9 +4,12 @@
 device pulls the next ready, not yet held micro-batch whenever it is free and accumulates it
 (`Device.train_accumulate`: it computes and holds that micro-batch's gradients) and parks
 while none is ready; the session ends when every micro-batch is held or a resize waits for
-the lock. Between two sessions a resize
-may change the training group: devices that joined take part in the next session; what a
-device that left held is recomputed.
+the lock. Once a resize waits, the session ends when the micro-batches in flight do, and a
+trainer that is free before that only takes a micro-batch it is expected to finish by then
+(backfill: seconds per token as measured in this step, `TrainRate`), so the devices waiting
+for the slowest micro-batch keep working without delaying the resize. Between two sessions
+a resize may change the training group: devices that joined take part in the next session;
+what a device that left held is recomputed.
 It returns once every micro-batch is held. `finish(...)` (under the lock, at the optimizer-step
 boundary) recomputes what departed devices held, then `Device.train_finish` combines the held
 gradients in micro-batch order and takes the optimizer step on every training device.
@@ -24,20 +27,54 @@ if TYPE_CHECKING:
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.protocols import Device
 
+class TrainRate:
+    """Seconds per training token, as measured over a step's accumulated micro-batches."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.tokens = 0
+
+    def add(self, seconds: float, tokens: int) -> None:
+        self.seconds += seconds
+        self.tokens += tokens
+
+    def estimate_s(self, tokens: int) -> float | None:
+        """Expected seconds for `tokens` (None before any measurement)."""
+        return self.seconds / self.tokens * tokens if self.tokens else None
+
+
 async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: Holdings,
                    trainers: list[Device], changed: asyncio.Event,
-                   stop: Callable[[], bool]) -> float:
+                   stop: Callable[[], bool], rate: TrainRate | None = None) -> float:
     """Every trainer pulls the next ready, unheld micro-batch as soon as it is free (no
     lock-step rounds: micro-batches differ a lot in length) and parks when none is ready,
     until every micro-batch is held or `stop()` (a resize waits for the boundary; it sets
-    `changed` too). One watcher waits for `changed` and wakes as many parked trainers as there
-    are new micro-batches (all of them on stop or once the stream is complete), so a ready
+    `changed` too): then a free trainer only backfills (module docstring, `rate`). One
+    watcher waits for `changed` and wakes as many parked trainers as there are new
+    micro-batches (all of them on stop or once the stream is complete), so a ready
     micro-batch costs one wake-up, not one per idle trainer. Returns the device-seconds spent."""
     taken: set[int] = set()
     busy_s = [0.0]
     cursor = [0]  # stream.ready[:cursor] is held or taken (both only grow within a session)
     parked: list[asyncio.Future[None]] = []
     loop = asyncio.get_running_loop()
+    ends_s: dict[int, float] = {}
+    """Trainer -> when its micro-batch in flight is expected to end (backfill only)."""
+
+    def backfill() -> int | None:
+        """Index in stream.ready of a micro-batch a free trainer can take while a resize
+        waits: expected to end before the last micro-batch in flight does."""
+        if rate is None or not ends_s:
+            return None
+        deadline_s, now_s, ready = max(ends_s.values()), orch.clock.now(), stream.ready
+        for i in range(takeable(), len(ready)):
+            m = ready[i]
+            if m in holdings.held_by or m in taken:
+                continue
+            need_s = rate.estimate_s(stream.micro_batch_tokens(m))
+            if need_s is not None and now_s + need_s <= deadline_s:
+                return i
+        return None
 
     def takeable() -> int:
         """Index in stream.ready of the first micro-batch neither held nor taken."""
@@ -64,8 +101,14 @@ async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: 
                 wake(len(stream.ready) - takeable())
 
     async def pull(device: Device) -> None:
-        while not stop():
-            i = takeable()
+        while True:
+            if stop():
+                found = backfill()
+                if found is None:
+                    return
+                i = found
+            else:
+                i = takeable()
             if i == len(stream.ready):  # nothing ready and unheld: park
                 if stream.complete:
                     return
@@ -75,9 +118,16 @@ async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: 
                 continue
             m = stream.ready[i]
             taken.add(m)
+            tokens = stream.micro_batch_tokens(m)
             t0 = orch.clock.now()
+            expected_s = rate.estimate_s(tokens) if rate is not None else None
+            if expected_s is not None:
+                ends_s[device.index] = t0 + expected_s
             await device.train_accumulate(step, [(m, stream.micro_batch(m))])
             t1 = orch.clock.now()
+            ends_s.pop(device.index, None)
+            if rate is not None:
+                rate.add(t1 - t0, tokens)
             holdings.held_by[m] = device.index
             busy_s[0] += t1 - t0
             orch.rundir.event(t0, t1, device.index, "train", critical=True, step=step)
@@ -97,12 +147,13 @@ async def accumulate(orch: Orchestrator, step: int, stream: StepStream, holdings
     device-seconds spent. `changed` is set whenever micro-batches become ready and whenever
     a resize starts waiting for the train lock."""
     device_s = 0.0
+    rate = TrainRate()
     while holdings.todo(stream.ready) or not stream.complete:
         async with orch.train_lock:
             trainers = orch.train_devices()
             holdings.drop_devices(d.index for d in trainers)
             device_s += await _session(orch, step, stream, holdings, trainers, changed,
-                                       lambda: orch.resizes_waiting > 0)
+                                       lambda: orch.resizes_waiting > 0, rate)
     return device_s
 
 

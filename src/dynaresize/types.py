@@ -85,6 +85,10 @@ class Completion:
     def num_tokens(self) -> int:
         return len(self.tokens)
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.spec.prompt_tokens)
+
 
 @dataclass
 class TrainSample:

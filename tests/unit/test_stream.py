@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -73,3 +74,85 @@ def test_holdings_forget_what_departed_devices_held() -> None:
     assert h.todo([0, 1, 2, 3]) == [3]
     assert sorted(h.drop_devices([5])) == [0, 2]
     assert h.todo([0, 1, 2, 3]) == [0, 2, 3]
+
+
+def test_remaining_work_counts_tokens_not_micro_batches() -> None:
+    # prompt 0's group is short, prompt 1's long: with prompt 0's micro-batch trained, half
+    # the micro-batches but far less than half the tokens are done
+    stream = StepStream(0, 0, [0, 1], 2, 2)
+    assert stream.todo_fraction([]) == 1.0
+    for j in range(2):
+        stream.add(_completion(0, 0, j, length=2), 1.0)  # 2 samples x (2 prompt + 2) tokens
+    assert stream.micro_batch_tokens(0) == 8
+    # the other micro-batch is not ready: it counts the mean of the ready ones
+    assert stream.todo_fraction([0]) == pytest.approx(0.5)
+    for j in range(2):
+        stream.add(_completion(0, 1, j, length=22), 1.0)  # 2 x (2 + 22) tokens
+    assert stream.micro_batch_tokens(1) == 48
+    assert stream.todo_fraction([0]) == pytest.approx(48 / 56)
+    assert stream.todo_fraction([0, 1]) == 0.0
+
+
+def test_ready_profile_says_when_the_training_work_became_ready() -> None:
+    stream = StepStream(0, 0, [0, 1], 2, 2)
+    assert stream.ready_profile(0.0, 10.0) == ()  # incomplete
+    for j in range(2):
+        stream.add(_completion(0, 0, j, length=2), 1.0, now_s=1.5)  # 8 tokens at 15 %
+    for j in range(2):
+        stream.add(_completion(0, 1, j, length=10), 1.0, now_s=9.0)  # 24 tokens at 90 %
+    profile = stream.ready_profile(0.0, 10.0, points=4)
+    assert profile == pytest.approx((0.25, 0.25, 0.25, 1.0))
+
+
+class _Events:
+    def event(self, *args: object, **kw: object) -> None:
+        return None
+
+
+class _Orch:
+    def __init__(self, clock: object) -> None:
+        self.clock, self.rundir = clock, _Events()
+
+
+class _Trainer:
+    """Accumulates a micro-batch in 0.01 s per token; micro-batch 1 raises `stop`."""
+
+    def __init__(self, index: int, clock: object, stream: StepStream, stop: list[bool]) -> None:
+        self.index, self.clock, self.stream, self.stop = index, clock, stream, stop
+        self.took: list[int] = []
+
+    async def train_accumulate(self, step: int, mbs: list) -> None:
+        (m, _), = mbs
+        self.took.append(m)
+        if m == 1:
+            self.stop[0] = True  # a resize starts waiting: micro-batches 0 and 1 run
+        await self.clock.sleep(0.01 * self.stream.micro_batch_tokens(m))
+
+
+@pytest.mark.parametrize("backfill", [True, False])
+def test_while_a_resize_waits_free_trainers_only_take_what_ends_in_time(backfill: bool) -> None:
+    """Once a resize waits for the boundary, the session ends when the micro-batches in
+    flight do; meanwhile a free trainer takes ready micro-batches expected to end by then
+    (backfill, at the measured seconds per token) and never one that would delay it."""
+    from dynaresize.sim.clock import VirtualClock
+    from dynaresize.stream_train import TrainRate, _session
+
+    clock = VirtualClock()
+    stream = StepStream(0, 0, [0, 1, 2, 3], 2, 2)   # one micro-batch per prompt
+    for p, length in [(0, 48), (1, 3), (2, 3), (3, 98)]:
+        for j in range(2):
+            stream.add(_completion(0, p, j, length=length), 1.0)
+    # tokens: m0 100 (1 s), m1 10, m2 10 (0.1 s each), m3 200 (2 s)
+    stop = [False]
+    trainers = [_Trainer(i, clock, stream, stop) for i in range(2)]
+    holdings = Holdings()
+    rate = TrainRate()
+    rate.add(1.0, 100)  # measured earlier in the step: 0.01 s per token
+    spent = clock.run(_session(_Orch(clock), 0, stream, holdings, trainers,  # type: ignore
+                               asyncio.Event(), lambda: stop[0],
+                               rate if backfill else None))
+    assert clock.now() == pytest.approx(1.0)      # the resize waited for m0 only
+    assert trainers[0].took == [0]
+    assert trainers[1].took == ([1, 2] if backfill else [1])   # m3 would end at 2.1 s
+    assert sorted(holdings.held_by) == ([0, 1, 2] if backfill else [0, 1])
+    assert spent == pytest.approx(1.2 if backfill else 1.1)

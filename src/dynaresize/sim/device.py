@@ -41,6 +41,10 @@ class SimCompletion(Completion):
     def num_tokens(self) -> int:  # type: ignore[override]
         return self.response_tokens
 
+    @property
+    def num_prompt_tokens(self) -> int:  # type: ignore[override]
+        return self.spec.prompt_tokens[0]  # the twin's stand-in prompt is (its length,)
+
 
 @dataclass
 class SimInflight(InflightRequest):
