@@ -5,7 +5,8 @@ returns (each a resize at the next optimizer-step boundary):
 
 - `at_step_start(view)`: before the step's rollout (inter-step split);
 - `on_rollout_progress(view)`: after completions arrive (intra-step: the thinning tail);
-- `at_rollout_end(view)`: once the step's last request finished.
+- `at_rollout_end(view)`: once the step's last request finished and the moves fired during
+  its rollout were applied (it decides on the allocation they left).
 
 Controllers are pure decision logic over a `RunView` snapshot: no devices, no clocks, no I/O,
 so the same controller runs live and in the simulator. `ScheduleController` applies the
@@ -55,6 +56,11 @@ class StepTiming:
     `controller.tail_batch` each: engines waiting for their last requests (about the same
     time per engine, whatever the width)."""
 
+    ready_profile: tuple[float, ...] = ()
+    """Streaming: the share of the step's training tokens whose micro-batches were ready
+    (every group complete) by each tenth of its rollout (`StepStream.ready_profile`);
+    empty: not measured."""
+
     @property
     def train_work_s(self) -> float:
         return self.train_device_s or self.train_s * self.num_train_devices
@@ -89,8 +95,9 @@ class RunView:
     """Rollout devices of the running step with no request left once its queue is empty
     (they have nothing more to do in this step); 0 while requests are queued."""
     train_todo: float = 0.0
-    """Streaming: the fraction of the oldest untrained step's micro-batches that no training
-    device holds yet (its remaining training work); 0 without streaming."""
+    """Streaming: the share of the oldest untrained step's training tokens in micro-batches
+    no training device holds yet (its remaining training work; micro-batches not ready yet
+    count the mean of the ready ones, `StepStream.todo_fraction`); 0 without streaming."""
 
 
 class Controller(Protocol):

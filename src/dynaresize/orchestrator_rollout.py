@@ -152,7 +152,7 @@ class RolloutLoop:
             for c in done:
                 key = (c.spec.prompt, c.spec.sample)
                 rewards[key] = self.source.reward(by_id[c.spec.prompt], list(c.tokens))
-                if stream is not None and stream.add(c, rewards[key]):
+                if stream is not None and stream.add(c, rewards[key], self.clock.now()):
                     self._stream_changed.set()
             if self.injector is not None:
                 self.injector.at_rollout(step, holder[0].num_finished / holder[0].total)
@@ -199,10 +199,15 @@ class RolloutLoop:
                             cfg.output.record_tokens, built)
         got.rollout_device_s = sum(b - a for a, b in run.busy_s.values())
         got.rollout_tail_device_s = run.tail_device_s()
+        if built is not None:
+            got.ready_profile = fut.result().ready_profile(started_s, self.clock.now())
         self.num_migrated += run.num_migrated
         self.rundir.samples(got.records)
         self._future(step).set_result(got)
         run.close()
+        pending = [f for f in fired if not f.done()]
+        if pending:  # the controller decides on the allocation they leave (errors: below)
+            await asyncio.wait(pending)
         for move in self.controller.at_rollout_end(self.view()):
             fired.append(self._resize_soon(move, step))
         await asyncio.gather(*fired)

@@ -99,7 +99,8 @@ class TrainLoop:
             self.history.append(StepTiming(
                 step, got.rollout_s, t2 - t0, got.num_tokens,
                 self._rollout_width.pop(step, len(self.allocation.rollout)), len(trainers),
-                train_device_s, got.rollout_device_s, got.rollout_tail_device_s))
+                train_device_s, got.rollout_device_s, got.rollout_tail_device_s,
+                got.ready_profile))
             self.rundir.metric(record)
             self.on_step(record)
 

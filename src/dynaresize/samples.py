@@ -66,6 +66,8 @@ class StepSamples:
     """Device-seconds its rollout held engines (`StepTiming.rollout_device_s`)."""
     rollout_tail_device_s: float = 0.0
     """Of those, held in its tail (`StepTiming.rollout_tail_device_s`)."""
+    ready_profile: tuple[float, ...] = ()
+    """Streaming: `StepTiming.ready_profile`."""
 
 
 _SHORT_SHA: dict[tuple[int, ...], str] = {}

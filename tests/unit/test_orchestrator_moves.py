@@ -253,3 +253,39 @@ def test_pipelined_rollout_error_fails_the_run(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(SimDevice, "run_rollout", run_rollout)
     with pytest.raises(RuntimeError, match="engine crashed"):
         run_config(cfg, workload, costs, controller=StreamingStatic())
+
+
+class LateMove:
+    """Moves a device as the last request finishes; records what the rollout end saw."""
+
+    needs_progress = True
+
+    def __init__(self) -> None:
+        self.fired: set[int] = set()
+        self.at_end: list[tuple[int, int]] = []
+
+    def at_step_start(self, view: RunView) -> list[Move]:
+        return [Move("train->rollout", 1)] if view.step == 2 else []
+
+    def on_rollout_progress(self, view: RunView) -> list[Move]:
+        if view.step != 1 or view.step in self.fired or \
+                view.rollout_finished < view.rollout_total:
+            return []
+        self.fired.add(view.step)
+        return [Move("rollout->train", 1)]
+
+    def at_rollout_end(self, view: RunView) -> list[Move]:
+        self.at_end.append((view.num_pending_resizes, len(view.allocation.rollout)))
+        return []
+
+
+def test_the_rollout_end_is_decided_on_the_allocation_its_step_left() -> None:
+    """A move fired in a step's last moments is applied before `at_rollout_end` is asked
+    (it once found the move pending, decided nothing, and lent engines sat idle)."""
+    workload = get_workload("dapo-7b", seed=3, requests_per_step=64)
+    costs = get_cost_model("h100-7b")
+    cfg = sim_config(workload, 3, 3, 3, 0, 0, costs)
+    ctl = LateMove()
+    run = run_config(cfg, workload, costs, controller=ctl)
+    assert run.summary["num_resizes"] == 2
+    assert ctl.at_end[1] == (0, 2)        # step 1: the move is done, 2 engines left
