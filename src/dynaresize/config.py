@@ -129,6 +129,9 @@ class ControllerConfig:
                               default=4)
     cost_margin: float = _doc("hysteresis: expected saving must exceed this x resize cost.",
                               default=2.0)
+    resize_guess_s: float = _doc("hysteresis, staleness 0: seconds a resize is assumed to "
+                                 "take, until one was measured, when weighing lending rollout "
+                                 "engines to training.", default=5.0)
     release_tail: bool = _doc("hysteresis: release idle rollout devices to training as the "
                               "rollout tail thins.", default=True)
     tail_batch: int = _doc("hysteresis: requests per engine that count as lightly loaded in "

@@ -108,6 +108,7 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _non_negative("controller.min_dwell_steps", cfg.controller.min_dwell_steps)
     _positive("controller.horizon_steps", cfg.controller.horizon_steps)
     _non_negative("controller.cost_margin", cfg.controller.cost_margin)
+    _non_negative("controller.resize_guess_s", cfg.controller.resize_guess_s)
     _positive("controller.tail_batch", cfg.controller.tail_batch)
     _positive("resize.staging_bytes", cfg.resize.staging_bytes)
     _validate_schedule(cfg)

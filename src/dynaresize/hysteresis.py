@@ -35,16 +35,19 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   (`LIGHT_LOAD` x `engine_slots`): memory-bound, they may not speed up as the model assumes.
   Staleness 1: max(rollout, train), the stages overlap; with pipelined rollouts
   max(roll_dev_s(R) / R + roll_tail_s, train_dev_s / T, latency / (1 + s)).
-  Staleness 0: the trainers stream through about half of the bulk's groups and the released
-  engines through the tail; the rest follows the rollout, on the trainers, or on every device
-  when lending at rollout end pays (`_lending_pays`: predicted to beat never lending by the
-  band, plus the model's own error until a resize has been measured). Devices released in the
+  Staleness 0: the trainers stream through the groups as the measured `ready_profile` makes
+  them ready (a fluid queue) and, when lending, the released engines through the tail; the
+  rest follows the rollout, on the trainers, or on every device but one when lending
+  (`_lending_pays`: predicted to beat never lending by the band, plus the model's own error
+  until a resize has been measured; a resize counts `resize_guess_s` until one was). A step
+  runs in one mode: without lending, no engine is lent at all. Devices released in the
   previous step come back here (blocking at staleness 0, before the rollout starts).
-- intra-step, staleness 0 (`on_rollout_progress`): engines the tail has emptied go to training
-  (`_lend_idle`, idle ones first: nothing migrates); once the remaining requests fit on fewer
-  engines at `tail_batch` each, release the surplus engines to training in waves (each at
-  least a quarter of the engines; the next after the previous one applied) while the tail is
-  predicted to outlast `cost_margin` resizes; `at_rollout_end`: lend every engine but one.
+- intra-step, staleness 0, lending mode (`on_rollout_progress`): engines the tail has
+  emptied go to training (`_lend_idle`, idle ones first: nothing migrates); once the
+  remaining requests fit on fewer engines at `tail_batch` each, release the surplus engines
+  to training in waves (each at least a quarter of the engines; the next after the previous
+  one applied) while the tail is predicted to outlast `cost_margin` resizes;
+  `at_rollout_end`: lend every engine but one.
   At staleness 1 the released tail engines measured slower than keeping them (they come back
   at the next step start, right when the next rollout needs them), so the split does it.
   (The staleness-0 lending decisions live in `dynaresize.hysteresis_lend`, a mixin.)
@@ -74,6 +77,9 @@ class HysteresisParams:
     ema: float = 0.5
     engine_slots: int = 0
     """Continuous-batching slots per engine (`rollout.max_running_requests`; 0: unknown)."""
+    resize_guess_s: float = 5.0
+    """Staleness 0: a resize's wall time assumed, until one was measured, when weighing
+    lending engines to training (`controller.resize_guess_s`)."""
 
 
 MEASURED_FOR_STEPS = 10
@@ -119,6 +125,9 @@ class HysteresisController(Lending):
         """Pipelined rollouts: a step's rollout from its start to its last request (EMA)."""
         self._latency_width = 1
         """The rollout width `latency_s` was last measured at."""
+        self.ready_profile: tuple[float, ...] = ()
+        """Streaming: the share of a step's training ready by each tenth of its rollout
+        (`StepTiming.ready_profile`, EMA per point)."""
         self._bulk_fit = WidthFit()
         self._roll_fit = WidthFit()
         """How the bulk's / the pipelined rollout's device-seconds grow with width
@@ -158,6 +167,11 @@ class HysteresisController(Lending):
         for timing in view.history[self._seen_steps:]:
             w = self.p.ema
             self.train_dev_s = _ema(self.train_dev_s, timing.train_work_s, w)
+            if timing.ready_profile:
+                old = self.ready_profile
+                self.ready_profile = tuple(
+                    _ema(old[i] if len(old) == len(timing.ready_profile) else None, x, w)
+                    for i, x in enumerate(timing.ready_profile))
             if timing.rollout_device_s > 0:
                 tail_dev_s = min(timing.rollout_tail_device_s, timing.rollout_device_s)
                 self.roll_tail_s = _ema(None if self.roll_dev_s is None else self.roll_tail_s,
@@ -242,7 +256,7 @@ class HysteresisController(Lending):
         self._measure_mode(view)
         walls = sorted(view.resize_wall_s[-8:])
         self._round_trip_measured = bool(walls)
-        self._round_trip_s = walls[len(walls) // 2] if walls else self._cost_s(view)
+        self._round_trip_s = walls[len(walls) // 2] if walls else self.p.resize_guess_s
         self._tail_start_s = None
         alloc = view.allocation
         n, r = alloc.num_devices, len(alloc.rollout)
@@ -334,7 +348,7 @@ def make_hysteresis(cfg: Config) -> HysteresisController:
     return HysteresisController(HysteresisParams(
         band=c.band, min_dwell_steps=c.min_dwell_steps, horizon_steps=c.horizon_steps,
         cost_margin=c.cost_margin, release_tail=c.release_tail, tail_batch=c.tail_batch,
-        engine_slots=cfg.rollout.max_running_requests))
+        engine_slots=cfg.rollout.max_running_requests, resize_guess_s=c.resize_guess_s))
 
 
 register_policy("hysteresis", make_hysteresis)

@@ -1,7 +1,8 @@
 """Lending at staleness 0 (a mixin of `HysteresisController`, see `dynaresize.hysteresis`).
 
 With streaming training the trainers work through a step's completed groups while its rollout
-runs; the rest of the training waits for the tail. Three ways to put rollout engines on it:
+runs; the rest of the training waits for the tail. In lending mode (`_lend_ok`, chosen at
+each step start by `_lending_pays`) three ways put rollout engines on it:
 - `_lend_idle`: engines the tail has emptied (nothing migrates), a quarter of the engines or
   more at a time, when the training still to do gains more than `cost_margin` round trips;
 - `on_rollout_progress`: once the remaining requests fit on fewer engines at `tail_batch` each,
@@ -14,6 +15,7 @@ Lent engines come back at the next step start (`_released`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dynaresize.controller import Move, RunView
@@ -29,6 +31,24 @@ UNMEASURED_GAIN = 0.2
 def _speedup_s(work_dev_s: float, num_devices: int, extra: int) -> float:
     """Seconds saved on `work_dev_s` device-seconds by `extra` more than `num_devices`."""
     return work_dev_s / num_devices - work_dev_s / (num_devices + extra)
+
+
+def _streamed_dev_s(profile: Sequence[float], work_dev_s: float, bulk_s: float, tail_s: float,
+                    num_train: int, num_released: int) -> float:
+    """Training device-seconds done by the rollout's end (`bulk_s + tail_s`) when
+    `profile[i]` of `work_dev_s` is ready by (i + 1) / len(profile) of the rollout and
+    `num_train` devices train throughout, `num_released` more from the tail's start: a fluid
+    queue's output, min over t of (work ready by t + capacity after t)."""
+    end_s = bulk_s + tail_s
+    points = len(profile)
+
+    def capacity_after(t: float) -> float:
+        return num_train * (end_s - t) + num_released * max(0.0, end_s - max(t, bulk_s))
+
+    best = capacity_after(0.0)
+    for i, share in enumerate(profile):
+        best = min(best, share * work_dev_s + capacity_after((i + 1) / points * end_s))
+    return min(best, work_dev_s)
 
 
 class Lending:
@@ -50,6 +70,7 @@ class Lending:
     _mode_step_s: dict[bool, float]
     _bulk_fit: WidthFit
     _step_requests: int
+    ready_profile: tuple[float, ...]
 
     def _cost_s(self, view: RunView) -> float:
         raise NotImplementedError
@@ -77,18 +98,25 @@ class Lending:
         return best_lend < (1 - margin) * best_keep
 
     def _stream_s0(self, num_rollout: int, num_devices: int, end_release: bool) -> float:
-        """Staleness 0, streaming: the trainers work through the rollout (on this step's
-        completed groups, about half of the bulk's on average) and the rollout devices but one
-        join them for the tail; the step with or without lending every engine but one to
-        training once the rollout ends (a round trip of two resizes)."""
+        """Staleness 0, streaming: the trainers work through the rollout on this step's
+        completed groups and the rollout devices but one join them for the tail; the step
+        with or without lending every engine but one to training once the rollout ends (a
+        round trip of two resizes). The training done by the rollout's end is a fluid queue:
+        work arrives as the measured `ready_profile` says (before one was measured: about
+        half of the bulk's capacity is usable) and is served by the devices training."""
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
         tail = self.tail_s or 0.0
         bulk = self._bulk_fit.engine_s(self.bulk_dev_s, num_rollout)
         num_train = num_devices - num_rollout
-        capacity = num_train * (0.5 * bulk + tail) + (num_rollout - 1) * tail
-        left = max(0.0, self.train_dev_s - capacity)
-        if end_release:
-            return (bulk + tail + left / num_devices
+        released = num_rollout - 1 if end_release else 0
+        if self.ready_profile:
+            done = _streamed_dev_s(self.ready_profile, self.train_dev_s, bulk, tail,
+                                   num_train, released)
+        else:
+            done = num_train * (0.5 * bulk + tail) + released * tail
+        left = max(0.0, self.train_dev_s - done)
+        if end_release:  # every device but the engine kept for the next rollout trains
+            return (bulk + tail + left / max(1, num_devices - 1)
                     + 2 * self.p.cost_margin * self._round_trip_s)
         return bulk + tail + left / num_train
 
@@ -106,6 +134,7 @@ class Lending:
         if idle_move:
             return idle_move
         if (not self.p.release_tail or view.staleness != 0 or
+                (streaming and not self._lend_ok) or
                 (not streaming and view.step in self._released) or
                 r > self._tail_target.get(view.step, r) or
                 view.num_pending_resizes or self.train_dev_s is None or self.tail_s is None or
@@ -143,6 +172,7 @@ class Lending:
         `UNMEASURED_GAIN` of the measured step time)."""
         idle = min(view.rollout_idle, r - 1)
         if (not self.streams_training or not self.p.release_tail or view.staleness != 0
+                or not self._lend_ok
                 or idle < max(1, r // 4) or view.num_pending_resizes
                 or r > self._tail_target.get(view.step, r) or self.train_dev_s is None):
             return []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
+
 from dynaresize.allocation import Allocation
 from dynaresize.controller import RunView, StepTiming
 from dynaresize.hysteresis import HysteresisController, HysteresisParams
@@ -112,6 +114,7 @@ def test_tail_release_at_staleness_0_and_return_next_step() -> None:
     alloc = Allocation.initial(6, 2)
     ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 50.0, 200.0, 300.0
     ctl._seen_steps = 1
+    ctl._lend_ok = True  # the step runs in lending mode (chosen at its start)
     hist = [timing(0, 100.0, 100.0, 6, 2)]
     busy = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=10,
                 resize_critical_s=[1.0])
@@ -121,6 +124,9 @@ def test_tail_release_at_staleness_0_and_return_next_step() -> None:
     assert ctl.on_rollout_progress(keeps_up) == []        # the trainers finish within the tail
     tail = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=62,
                 resize_critical_s=[1.0], train_todo=0.9)
+    ctl._lend_ok = False
+    assert ctl.on_rollout_progress(tail) == []            # the mode without lending keeps them
+    ctl._lend_ok = True
     moves = ctl.on_rollout_progress(tail)
     assert [(m.move, m.num_devices) for m in moves] == [("rollout->train", 4)]
     assert ctl.on_rollout_progress(tail) == []            # the next wave waits for this one
@@ -194,13 +200,15 @@ def test_unmeasured_lending_must_beat_the_models_own_error() -> None:
 
 
 def test_staleness_0_lends_engines_the_tail_emptied_without_migrating() -> None:
-    """Streaming, staleness 0: once a quarter of the engines have nothing left in the step,
-    they go to training (idle ones first: nothing migrates) if the training still to do
-    gains more than the resizes cost; not at staleness 1, not when training is done."""
-    def progress(staleness: int, idle: int, todo: float) -> list:
+    """Streaming, staleness 0, lending mode: once a quarter of the engines have nothing left
+    in the step, they go to training (idle ones first: nothing migrates) if the training
+    still to do gains more than the resizes cost; not at staleness 1, not when training is
+    done, not in the mode without lending."""
+    def progress(staleness: int, idle: int, todo: float, lend: bool = True) -> list:
         ctl = HysteresisController(HysteresisParams())
         ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 20.0, 800.0, 300.0
         ctl._round_trip_s, ctl._round_trip_measured = 1.0, True
+        ctl._lend_ok = lend
         v = RunView(step=3, now_s=50.0, allocation=Allocation.initial(8, 2),
                     staleness=staleness, rollout_total=100, rollout_finished=60,
                     rollout_idle=idle, train_todo=todo,
@@ -211,6 +219,7 @@ def test_staleness_0_lends_engines_the_tail_emptied_without_migrating() -> None:
     assert progress(0, 1, 0.5) == []   # fewer than a quarter of the engines
     assert progress(1, 3, 0.5) == []   # staleness 1: pipelined rollouts use them
     assert progress(0, 3, 0.0) == []   # nothing left to train
+    assert progress(0, 3, 0.5, lend=False) == []  # the step runs in the mode without lending
 
 
 def test_a_split_that_measured_slower_is_not_chosen_again_on_the_models_word() -> None:
@@ -247,3 +256,30 @@ def test_pipelined_tail_time_per_engine_does_not_shrink_with_fewer_engines() -> 
 
     assert decide(600.0) == [("rollout->train", 1)]
     assert decide(0.0) == []
+
+
+def test_the_training_streamed_during_the_rollout_follows_when_its_work_is_ready() -> None:
+    """Staleness 0: the trainers can only train groups that are complete. Work ready
+    steadily through the rollout (short, even lengths) keeps them busy, so no lending is
+    needed; work ready only at the end (long-tailed groups) leaves it for after the rollout,
+    where lending every engine but one pays."""
+    from dynaresize.hysteresis_lend import _streamed_dev_s
+
+    steady = tuple((i + 1) / 10 for i in range(10))
+    late = (0.0,) * 8 + (0.3, 1.0)
+    # 100 s rollout, 4 trainers: 400 device-s of capacity
+    assert _streamed_dev_s(steady, 1000.0, 100.0, 0.0, 4, 0) == 400.0
+    assert _streamed_dev_s(steady, 200.0, 100.0, 0.0, 4, 0) == 200.0    # all of it
+    assert _streamed_dev_s(late, 1000.0, 100.0, 0.0, 4, 0) == pytest.approx(80.0)
+    # released engines help from the tail's start (here the last 20 s)
+    assert _streamed_dev_s(late, 1000.0, 80.0, 20.0, 4, 3) == pytest.approx(80.0 + 60.0)
+
+    def lends(profile: tuple[float, ...]) -> bool:
+        ctl = HysteresisController(HysteresisParams())
+        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 2.0, 800.0, 400.0
+        ctl._seen_steps, ctl._round_trip_s, ctl._round_trip_measured = 1, 1.0, True
+        ctl.ready_profile = profile
+        return ctl._lending_pays(8, 4)
+
+    assert not lends(steady)
+    assert lends(late)
