@@ -25,7 +25,7 @@ START, END = "<!-- policies:start -->", "<!-- policies:end -->"
 CASES = [  # (workload, gpus, requests per step): work-bound first, then tail-bound ones
     ("dapo-7b", 16, 8192), ("dapo-7b", 32, 8192), ("dapo-7b", 64, 8192),
     ("dapo-7b", 64, 4096), ("dapo-7b", 256, 65536), ("drift", 32, 2048),
-    ("agentic", 32, 1024), ("balanced", 16, 1024),
+    ("agentic", 32, 1024), ("balanced", 16, 1024), ("balanced", 32, 8192),
 ]
 BIG_REQUEST_STEPS = 10
 """Cases of over 10^4 requests per step (4096 prompts x 16 samples) run this many steps (the
