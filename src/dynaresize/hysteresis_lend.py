@@ -98,10 +98,10 @@ class Lending:
         return best_lend < (1 - margin) * best_keep
 
     def _stream_s0(self, num_rollout: int, num_devices: int, end_release: bool) -> float:
-        """Staleness 0, streaming: the trainers work through the rollout on this step's
-        completed groups and the rollout devices but one join them for the tail; the step
-        with or without lending every engine but one to training once the rollout ends (a
-        round trip of two resizes). The training done by the rollout's end is a fluid queue:
+        """Staleness 0, streaming: the step without lending (the trainers work through the
+        rollout on this step's completed groups, then train the rest) or with it (the
+        rollout devices but one also join them for the tail and after the rollout, a round
+        trip of two resizes). The training done by the rollout's end is a fluid queue:
         work arrives as the measured `ready_profile` says (before one was measured: about
         half of the bulk's capacity is usable) and is served by the devices training."""
         assert self.bulk_dev_s is not None and self.train_dev_s is not None
