@@ -26,9 +26,12 @@ micro-batches as their groups complete, see `dynaresize.stream`):
 - inter-step (`at_step_start`): the split R that minimises the predicted step time, applied
   only if it beats the current split by more than the hysteresis `band`, the expected saving
   over `horizon_steps` exceeds `cost_margin` x the resize cost, and the last change is at least
-  `min_dwell_steps` old (or the lending mode just changed). One change at most doubles or
-  halves either stage (a trust region: the model is fitted where the run is; splits measured
-  in the last `MEASURED_FOR_STEPS` steps are candidates wherever they are), and the first
+  `min_dwell_steps` old (or the lending mode just changed, or, at staleness 0, the last
+  change stopped at the trust region's edge and this one goes on in its direction: a move
+  cut short, not a reversal; each step there runs and is measured at its split). One change
+  at most doubles or halves either stage (a trust region: the model is fitted where the run
+  is; splits measured in the last `MEASURED_FOR_STEPS` steps are candidates wherever they
+  are), and the first
   1 + s steps, which fill the pipeline, are not filed as any split's measured step time. At
   staleness >= 1, until the rollout was measured at two widths, a move to a split not
   measured needs `UNMEASURED_BAND` bands where engines hold under a quarter of their slots
@@ -161,6 +164,9 @@ class HysteresisController(Lending):
         self._mode_step_s: dict[bool, float] = {}
         """Staleness 0: measured step time (EMA) with and without lending at rollout end."""
         self._last_change_step = -10**9
+        self._capped = 0
+        """Staleness 0: +1 / -1 if the last split change stopped at the trust region's edge
+        going up / down (the model wanted more rollout devices / fewer), else 0."""
 
     # ------------------------------------------------------------------ estimates
     def _update(self, view: RunView) -> None:
@@ -278,9 +284,12 @@ class HysteresisController(Lending):
                    key=lambda k: (score(k), abs(k - base)))
         now_s = score(base)
         gain_s = now_s - score(best)
-        # a change of lending mode re-plans the split at once (it was chosen for the mode)
+        # a change of lending mode re-plans the split at once (it was chosen for the mode);
+        # at staleness 0 (each step runs and is measured at its split) a move the trust
+        # region stopped short may go on in its direction at once: not a reversal
         dwell_ok = (view.step - self._last_change_step >= self.p.min_dwell_steps
-                    or was_ok != self._lend_ok)
+                    or was_ok != self._lend_ok
+                    or (view.staleness == 0 and self._capped * (best - base) > 0))
         # at staleness >= 1, before two rollout widths were measured, a split not measured
         # recently is chosen on a model that counts every rollout device-second as work;
         # engines holding under `LIGHT_LOAD` of their slots are memory-bound (each iteration
@@ -296,15 +305,24 @@ class HysteresisController(Lending):
         self._split_of_step[view.step] = target
         if target != base:
             self._last_change_step = view.step
+            lo, hi = self._trust_region(n, base)
+            self._capped = 1 if target == hi < n - 1 else -1 if target == lo > 1 else 0
+        else:
+            self._capped = 0
         return self._moves_to(r, target, blocking)
+
+    def _trust_region(self, n: int, base: int) -> tuple[int, int]:
+        """The splits one change may reach from `base`: neither stage more than doubles or
+        halves."""
+        t, f = n - base, TRUST_FACTOR
+        return (max(1, math.ceil(base / f), n - f * t),
+                min(n - 1, f * base, n - math.ceil(t / f)))
 
     def _candidates(self, n: int, base: int, step: int) -> list[int]:
         """Splits worth scoring: a trust region around the current one (neither stage more
         than doubles or halves in one move: the model is fitted where the run is, and far
         from it its shape is a guess) and every split measured recently."""
-        t, f = n - base, TRUST_FACTOR
-        lo = max(1, math.ceil(base / f), n - f * t)
-        hi = min(n - 1, f * base, n - math.ceil(t / f))
+        lo, hi = self._trust_region(n, base)
         measured = {k for (m, k), got in self._split_step_s.items()
                     if m == self._lend_ok and step - got[1] <= MEASURED_FOR_STEPS}
         return sorted(set(range(lo, hi + 1)) | measured)

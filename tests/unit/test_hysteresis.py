@@ -283,3 +283,25 @@ def test_the_training_streamed_during_the_rollout_follows_when_its_work_is_ready
 
     assert not lends(steady)
     assert lends(late)
+
+
+def test_a_move_the_trust_region_stopped_short_goes_on_at_staleness_0() -> None:
+    """Staleness 0 (every step runs and is measured at its split): when the trust region
+    stopped a move short of the model's best split, the next step may go on in the same
+    direction without waiting for the dwell time; at staleness 1 it waits."""
+    def moves(staleness: int) -> list[list[tuple[str, int]]]:
+        ctl = HysteresisController(HysteresisParams(cost_margin=0.0, min_dwell_steps=3,
+                                                    release_tail=False))
+        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 0.0, 100.0, 10000.0  # rollout-heavy
+        ctl._seen_steps = 1
+        hist = [timing(0, 100.0, 10.0, 4, 28)]
+        out = []
+        for step, r in [(1, 4), (2, 8), (3, 16)]:
+            v = view(step, Allocation.initial(r, 32 - r), hist, staleness=staleness)
+            out.append([(m.move, m.num_devices) for m in ctl.at_step_start(v)])
+        return out
+
+    # 4 -> 8 -> 16 -> 24 (neither stage more than doubles or halves), one step each
+    assert moves(0) == [[("train->rollout", 4)], [("train->rollout", 8)],
+                        [("train->rollout", 8)]]
+    assert moves(1) == [[("train->rollout", 4)], [], []]   # 8, then the dwell time
