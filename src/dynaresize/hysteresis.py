@@ -31,11 +31,11 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   cut short, not a reversal; each step there runs and is measured at its split). One change
   at most doubles or halves either stage (a trust region: the model is fitted where the run
   is; splits measured in the last `MEASURED_FOR_STEPS` steps are candidates wherever they
-  are), and the first
-  1 + s steps, which fill the pipeline, are not filed as any split's measured step time. At
-  staleness >= 1, until the rollout was measured at two widths, a move to a split not
-  measured needs `UNMEASURED_BAND` bands where engines hold under a quarter of their slots
-  (`LIGHT_LOAD` x `engine_slots`): memory-bound, they may not speed up as the model assumes.
+  are), and the first 1 + s steps, which fill the pipeline, are not filed as any split's
+  measured step time. At staleness >= 1, until the rollout was measured at two widths, a
+  move to a split not measured needs `UNMEASURED_BAND` bands where engines hold under a
+  quarter of their slots (`LIGHT_LOAD` x `engine_slots`): memory-bound, they may not speed
+  up as the model assumes.
   Staleness 1: max(rollout, train), the stages overlap; with pipelined rollouts
   max(roll_dev_s(R) / R + roll_tail_s, train_dev_s / T, latency / (1 + s)).
   Staleness 0: the trainers stream through the groups as the measured `ready_profile` makes

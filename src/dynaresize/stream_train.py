@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.protocols import Device
 
+
 class TrainRate:
     """Seconds per training token, as measured over a step's accumulated micro-batches."""
 
