@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from dynaresize.controller import CONTROLLERS
+from dynaresize.rundir import read_jsonl
+from dynaresize.sim.costs import get_cost_model
+from dynaresize.sim.oracle import oracle_steps
 from dynaresize.sim.run import load_policies, simulate
+from dynaresize.sim.workloads import resolve_workload
 
 POLICIES = ("static", "colocated", "borrow", "oracle")
 KEYS = {"policy", "split", "mean_step_s", "p99_step_s", "samples_per_s", "tokens_per_s",
@@ -42,6 +46,20 @@ def test_oracle_is_a_lower_bound_and_rows_are_sane() -> None:
     assert all(0.0 <= r["bubble_fraction"] < 1.0 for r in rows.values())
     assert rows["oracle"]["binds"] in ("tail-bound", "work-bound")
     assert rows["colocated"]["staleness"] == 0
+
+
+def test_oracle_bounds_every_streamed_step_on_policy(tmp_path) -> None:
+    """Staleness 0 with streaming training (hysteresis): every step, start to start, takes at
+    least the oracle's bound for that step. A long-tailed workload on a wide pool, where most
+    of the training streams during the tail (the old bound, which serialised the whole
+    training after the tail, was above 2 of these 6 steps)."""
+    simulate("agentic", gpus=16, steps=6, staleness=0, requests_per_step=256, seed=0,
+             policies=("hysteresis",), out_dir=tmp_path)
+    steps = read_jsonl(tmp_path / "hysteresis" / "metrics.jsonl")
+    bounds = oracle_steps(get_cost_model("h100-7b"),
+                          resolve_workload("agentic", seed=0, requests_per_step=256), 16, 6, 0)
+    assert len(steps) == len(bounds) == 6
+    assert all(m["step_s"] >= b.step_s for m, b in zip(steps, bounds))
 
 
 def test_simulate_is_deterministic() -> None:
