@@ -53,18 +53,18 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   `at_rollout_end`: lend every engine but one.
   At staleness 1 the released tail engines measured slower than keeping them (they come back
   at the next step start, right when the next rollout needs them), so the split does it.
-  (The staleness-0 lending decisions live in `dynaresize.hysteresis_lend`, a mixin.)
+  (The staleness-0 lending decisions live in `dynaresize.hysteresis_lend`, the split
+  choice's bookkeeping and scores in `dynaresize.hysteresis_split`: mixins.)
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynaresize.config import Config
 from dynaresize.controller import Move, RunView, register_policy
 from dynaresize.hysteresis_lend import Lending
+from dynaresize.hysteresis_split import MEASURED_FOR_STEPS, SplitChoice, ema
 from dynaresize.rollout_width import WidthFit, spans_widths
 
 
@@ -85,10 +85,6 @@ class HysteresisParams:
     lending engines to training (`controller.resize_guess_s`)."""
 
 
-MEASURED_FOR_STEPS = 10
-"""A split's measured step time guides the split choice for this many steps."""
-
-
 UNMEASURED_BAND = 2.0
 """Bands a move to a split not measured recently must promise (staleness >= 1, lightly loaded
 engines) until the rollout was measured at two widths."""
@@ -101,15 +97,7 @@ BUSY_LOAD = 0.5
 """Engines holding at least this share of their slots are busy: the bulk's growth with width
 is where its end falls (at `tail_batch` per engine), not a per-engine floor."""
 
-TRUST_FACTOR = 2
-"""One split change grows or shrinks either stage by at most this factor."""
-
-
-def _ema(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
-
-
-class HysteresisController(Lending):
+class HysteresisController(SplitChoice, Lending):
     streams_training = True
     """Asks the orchestrator to train over completed groups during the rollout tail."""
 
@@ -172,20 +160,20 @@ class HysteresisController(Lending):
     def _update(self, view: RunView) -> None:
         for timing in view.history[self._seen_steps:]:
             w = self.p.ema
-            self.train_dev_s = _ema(self.train_dev_s, timing.train_work_s, w)
+            self.train_dev_s = ema(self.train_dev_s, timing.train_work_s, w)
             if timing.ready_profile:
                 old = self.ready_profile
                 self.ready_profile = tuple(
-                    _ema(old[i] if len(old) == len(timing.ready_profile) else None, x, w)
+                    ema(old[i] if len(old) == len(timing.ready_profile) else None, x, w)
                     for i, x in enumerate(timing.ready_profile))
             if timing.rollout_device_s > 0:
                 tail_dev_s = min(timing.rollout_tail_device_s, timing.rollout_device_s)
-                self.roll_tail_s = _ema(None if self.roll_dev_s is None else self.roll_tail_s,
+                self.roll_tail_s = ema(None if self.roll_dev_s is None else self.roll_tail_s,
                                         tail_dev_s / max(1, timing.num_rollout_devices), w)
-                self.roll_dev_s = _ema(self.roll_dev_s, timing.rollout_device_s - tail_dev_s, w)
+                self.roll_dev_s = ema(self.roll_dev_s, timing.rollout_device_s - tail_dev_s, w)
                 self._roll_fit.add(timing.num_rollout_devices,
                                    timing.rollout_device_s - tail_dev_s)
-                self.latency_s = _ema(self.latency_s, timing.rollout_s, w)
+                self.latency_s = ema(self.latency_s, timing.rollout_s, w)
                 self._latency_width = timing.num_rollout_devices
             start = self._rollout_start_by_step.get(timing.step)
             tail_at = self._tail_start_by_step.get(timing.step)
@@ -194,11 +182,11 @@ class HysteresisController(Lending):
                 tail_s = max(0.0, timing.rollout_s - bulk_s)
             else:
                 bulk_s, tail_s = timing.rollout_s, 0.0
-            self.bulk_dev_s = _ema(self.bulk_dev_s, bulk_s * timing.num_rollout_devices, w)
+            self.bulk_dev_s = ema(self.bulk_dev_s, bulk_s * timing.num_rollout_devices, w)
             self._bulk_fit.add(timing.num_rollout_devices, bulk_s * timing.num_rollout_devices,
                                fit=self._light(timing.num_rollout_devices, BUSY_LOAD))
             self._widths_fitted |= spans_widths(self._bulk_fit.samples)
-            self.tail_s = _ema(self.tail_s, tail_s, w)
+            self.tail_s = ema(self.tail_s, tail_s, w)
         self._seen_steps = len(view.history)
 
     def _light(self, num_rollout: int, load: float = LIGHT_LOAD) -> bool:
@@ -230,32 +218,6 @@ class HysteresisController(Lending):
         rollout = (self.tail_s or 0.0) + self._bulk_fit.engine_s(self.bulk_dev_s, num_rollout)
         return max(rollout, train) if staleness else rollout + train
 
-    def _measure_mode(self, view: RunView) -> None:
-        """The previous step's duration (step start to step start), filed under the split it
-        was planned at (`_split_step_s`, from its second step on) and, at staleness 0, under
-        the mode it ran in (its split was chosen for lending or not; whether the lend at
-        rollout end then fired too is the mode's business: a lending-mode split whose lend
-        never pays must count against lending)."""
-        prev = self._step_start_s.get(view.step - 1)
-        self._step_start_s[view.step] = view.now_s
-        if prev is None:
-            return
-        lent = self._mode_of_step.get(view.step - 1, False)
-        split = self._split_of_step.get(view.step - 1)
-        # steps 0..s fill the pipeline (at staleness 0, step 0 also pays the first
-        # communicators and weight loads)
-        if split is not None and view.step - 1 > view.staleness:
-            key = (lent, split)
-            old = self._split_step_s.get(key)
-            fresh = old if old is not None and view.step - old[1] <= MEASURED_FOR_STEPS else None
-            self._split_step_s[key] = (_ema(fresh[0] if fresh else None, view.now_s - prev,
-                                            self.p.ema), view.step)
-        if view.staleness != 0:
-            return
-        self._mode_step_s[lent] = _ema(self._mode_step_s.get(lent), view.now_s - prev,
-                                       self.p.ema)
-
-    # ------------------------------------------------------------------ decisions
     def at_step_start(self, view: RunView) -> list[Move]:
         self._pipelined = view.pipelined
         self._update(view)
@@ -310,55 +272,6 @@ class HysteresisController(Lending):
         else:
             self._capped = 0
         return self._moves_to(r, target, blocking)
-
-    def _trust_region(self, n: int, base: int) -> tuple[int, int]:
-        """The splits one change may reach from `base`: neither stage more than doubles or
-        halves."""
-        t, f = n - base, TRUST_FACTOR
-        return (max(1, math.ceil(base / f), n - f * t),
-                min(n - 1, f * base, n - math.ceil(t / f)))
-
-    def _candidates(self, n: int, base: int, step: int) -> list[int]:
-        """Splits worth scoring: a trust region around the current one (neither stage more
-        than doubles or halves in one move: the model is fitted where the run is, and far
-        from it its shape is a guess) and every split measured recently."""
-        lo, hi = self._trust_region(n, base)
-        measured = {k for (m, k), got in self._split_step_s.items()
-                    if m == self._lend_ok and step - got[1] <= MEASURED_FOR_STEPS}
-        return sorted(set(range(lo, hi + 1)) | measured)
-
-    def _split_scores(self, n: int, base: int, staleness: int,
-                      step: int) -> Callable[[int], float]:
-        """Step time per split, for choosing one: measured (this lending mode) where the
-        split has run, else the model's prediction scaled by how far the model missed the
-        current split's measurement (trust its shape, not its level), and no better than a
-        split measured on the way there from the current one (a direction that measured
-        slower is not explored further on the model's word)."""
-        mode = self._lend_ok
-        got_base = self._split_step_s.get((mode, base))
-        measured_base = got_base[0] if got_base else None
-        base_pred = self.predict_step_s(base, n, staleness)
-        scale = measured_base / base_pred if measured_base and base_pred > 0 else 1.0
-
-        measured = {k: v for (m, k), (v, s) in self._split_step_s.items()
-                    if m == mode and step - s <= MEASURED_FOR_STEPS}
-
-        def score(k: int) -> float:
-            got = measured.get(k)
-            if got is not None:
-                return got
-            lo, hi = min(base, k), max(base, k)
-            on_the_way = [v for j, v in measured.items() if j != base and lo <= j <= hi]
-            return max([scale * self.predict_step_s(k, n, staleness), *on_the_way])
-        return score
-
-    def _moves_to(self, num_rollout: int, target: int, blocking: bool = False) -> list[Move]:
-        if target > num_rollout:
-            return [Move("train->rollout", target - num_rollout, blocking)]
-        if target < num_rollout:
-            return [Move("rollout->train", num_rollout - target, blocking)]
-        return []
-
 
 
 def make_hysteresis(cfg: Config) -> HysteresisController:
