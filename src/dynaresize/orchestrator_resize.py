@@ -104,14 +104,27 @@ class ResizeHooks:
             assert not exported, "requests in flight outside a rollout step"
 
     def start_serving(self, device: Device) -> None:
+        """A device the resize loaded with `current_weights` joins the running rollout. If the
+        rollout loop moved on to a step that needs another version meanwhile (pipelined
+        rollouts: the next step's run may start while a resize loads weights), the device
+        first loads that version (`_join_newest`), as an engine leaving a tail does."""
         self._leaving.discard(device.index)
         self.engine_version[device.index] = self._served_version
         if device.index not in self.allocation.rollout:
             self._serving_early.add(device.index)
-        if self._run is not None:
-            self._run.add_devices([device])
+        run = self._run
+        if run is None:
+            return
+        if self._served_version == run.version:
+            run.add_devices([device])
+        else:
+            self._join_newest(device)
 
     def current_weights(self) -> tuple[int, WeightHandle]:
-        version = min(self._rollout_version, self.versions.latest)
+        """The version a device joining the rollout loads: the running step's, else the
+        newest the rollout loop waits for that is published."""
+        run = self._run
+        version = run.version if run is not None and run.version >= 0 else \
+            min(self._rollout_version, self.versions.latest)
         self._served_version = version
         return version, self.versions.get(version)

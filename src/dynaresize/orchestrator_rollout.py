@@ -166,6 +166,7 @@ class RolloutLoop:
                          cfg.rollout.slice_s, on_done, self._on_lost(holder, version),
                          drain=self._may_drain)
         holder.append(run)
+        run.version = version
         run.light_batch = cfg.controller.tail_batch
         run.pack_batch = cfg.rollout.pack_batch  # acts once the run hands off
         self._run = run
@@ -255,16 +256,18 @@ class RolloutLoop:
 
     async def _move_to_newest(self, device: Device) -> None:
         """Load the newest step's version on `device` and add it to that step's run (if
-        that run ended meanwhile, the device waits, free, for the next one)."""
+        that run ended meanwhile, the device waits, free, for the next one; if a resize took
+        it out meanwhile, it stays out)."""
         try:
             while True:
-                run, version = self._run, self._rollout_version
-                if run is None or run.finished.is_set():
+                run = self._run
+                if run is None or run.finished.is_set() or device.index in self._leaving:
                     return
-                if self.engine_version[device.index] != version:
-                    await self._load_version(version, self.versions.get(version), [device])
-                if self._run is run and self._rollout_version == version \
-                        and not run.finished.is_set():
+                if self.engine_version[device.index] != run.version:
+                    await self._load_version(run.version, self.versions.get(run.version),
+                                             [device])
+                if self._run is run and not run.finished.is_set() \
+                        and device.index not in self._leaving:
                     run.add_devices([device])
                     return
         finally:

@@ -4,9 +4,14 @@ they interleave with the rollout and the train step, every sample keeps its fixe
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
 from dynaresize.controller import Move, RunView
+from dynaresize.orchestrator_resize import ResizeHooks
+from dynaresize.orchestrator_rollout import RolloutLoop
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.workloads import get_workload
@@ -289,3 +294,65 @@ def test_the_rollout_end_is_decided_on_the_allocation_its_step_left() -> None:
     run = run_config(cfg, workload, costs, controller=ctl)
     assert run.summary["num_resizes"] == 2
     assert ctl.at_end[1] == (0, 2)        # step 1: the move is done, 2 engines left
+
+
+class _Run:
+    """What the resize hooks and the hand-off read of a `RolloutRun`."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.finished = asyncio.Event()
+        self.joined: list[tuple[int, int]] = []   # (device, the version it served on joining)
+
+    def add_devices(self, devices) -> None:  # type: ignore[no-untyped-def]
+        self.joined += [(d.index, d.loaded) for d in devices]
+
+
+class _Device:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.loaded = -1
+
+    async def load_weights(self, version: int, handle: object) -> None:
+        await asyncio.sleep(0)
+        self.loaded = version
+
+
+class _Host(ResizeHooks, RolloutLoop):
+    """The orchestrator state `start_serving` and `_move_to_newest` use, nothing else."""
+
+    def __init__(self, run: _Run, served_version: int) -> None:
+        self._run, self._tail_run = run, None
+        self._tail_devices: set[int] = set()
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._failed = asyncio.get_running_loop().create_future()
+        self._leaving: set[int] = set()
+        self._serving_early: set[int] = set()
+        self.allocation = SimpleNamespace(rollout=(0,), train=(1,))
+        self.engine_version = {0: run.version, 1: -1}
+        self._served_version = served_version
+        self.versions = SimpleNamespace(get=lambda version: f"weights v{version}")
+        self.clock = SimpleNamespace(now=lambda: 0.0)
+        self.rundir = SimpleNamespace(event=lambda *args, **kwargs: None)
+
+
+@pytest.mark.parametrize("served_version", [4, 5])
+def test_device_joining_mid_resize_serves_the_running_steps_version(served_version: int) -> None:
+    """Regression (found by the twin, 64 GPUs at staleness 1): a train->rollout resize loaded
+    the weights `current_weights` named while no step rolled out (version 4, the step that had
+    just ended), the rollout loop then started the next step (version 5), and `start_serving`
+    put the device in that step's run as it was: step 6's samples came out of version 4. A
+    device that serves another version than the running step's now loads it first."""
+
+    async def scenario() -> tuple[list[tuple[int, int]], int]:
+        run = _Run(version=5)
+        host = _Host(run, served_version)
+        device = _Device(1)
+        device.loaded = served_version               # what the resize loaded on it
+        host.start_serving(device)  # type: ignore[arg-type]
+        await host.settle_rollouts()                 # the device is on its way, if at all
+        return run.joined, host.engine_version[1]
+
+    joined, engine_version = asyncio.run(scenario())
+    assert joined == [(1, 5)] and engine_version == 5

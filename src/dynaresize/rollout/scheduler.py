@@ -77,6 +77,9 @@ class RolloutRun(HandOff):
         self.num_rerun = 0
         """Requests restarted from scratch because their device died."""
         self.error: BaseException | None = None
+        self.version = -1
+        """The policy version every request of this run needs (set by the orchestrator; an
+        engine joins only once it serves it)."""
         self.queue: deque[Work] = deque(requests)
         self.total = len(requests)
         self.remaining = len(requests)
