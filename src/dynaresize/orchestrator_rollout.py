@@ -109,6 +109,8 @@ class RolloutLoop:
             busy = self.tail_busy()
             engines = [d for d in self._rollout_devices() if d.index not in busy]
             await self._load_version(version, handle, engines)
+            # a resize may have taken an engine out while the weights loaded
+            engines = [d for d in engines if d.index not in self._leaving]
             run, started_s, by_id, rewards = self._start_run(step, version, fired, engines)
             if self._tail_run is not None:
                 self._tail_run.hand_off(self._join_newest)
