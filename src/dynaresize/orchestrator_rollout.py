@@ -94,6 +94,9 @@ class RolloutLoop:
             fired: list[asyncio.Future[Any]] = []
             version = max(0, step - cfg.run.staleness)
             handle = await self.versions.wait(version)  # the controller sees that step's timing
+            # what a device a step-start resize brings to the rollout loads (`current_weights`;
+            # the previous step's version may be gone from the store by now)
+            self._rollout_version = version
             for move in self.controller.at_step_start(self.view()):
                 if move.blocking:  # applied before the step's rollout starts
                     if ending is not None:
@@ -105,13 +108,13 @@ class RolloutLoop:
             if ending is not None and self._resizes_requested:
                 await ending  # no pipelining while a resize is pending
                 ending = None
-            self._rollout_version = version
             busy = self.tail_busy()
             engines = [d for d in self._rollout_devices() if d.index not in busy]
             await self._load_version(version, handle, engines)
             # a resize may have taken an engine out while the weights loaded
             engines = [d for d in engines if d.index not in self._leaving]
             run, started_s, by_id, rewards = self._start_run(step, version, fired, engines)
+            self._adopt_free_engines(run)
             if self._tail_run is not None:
                 self._tail_run.hand_off(self._join_newest)
             if self.pipelined and step + 1 < cfg.run.steps:
@@ -250,6 +253,16 @@ class RolloutLoop:
         finally:
             self._tail_devices.discard(token)
             self._check_settled()
+
+    def _adopt_free_engines(self, run: RolloutRun) -> None:
+        """Rollout devices in no run and not on their way to one join `run` (after loading its
+        version): those freed while its weights loaded, e.g. the previous step's last tail
+        engines when that run ended just before this one existed, or a device a resize
+        brought while no step rolled out."""
+        busy = self.tail_busy() | set(run.devices())
+        for device in self._rollout_devices():
+            if device.index not in busy:
+                self._join_newest(device)
 
     def _join_newest(self, device: Device) -> None:
         """`RolloutRun.hand_off`'s callback: `device` left the previous step's tail."""
