@@ -89,6 +89,10 @@ class VersionStore:
     def get(self, version: int) -> WeightHandle:
         return self._handles[version]
 
+    def has(self, version: int) -> bool:
+        """Whether `version` is still kept (the two newest are)."""
+        return version in self._handles
+
 
 class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
     def __init__(self, cfg: Config, devices: Sequence[Device], clock: Clock,

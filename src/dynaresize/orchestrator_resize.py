@@ -121,10 +121,15 @@ class ResizeHooks:
             self._join_newest(device)
 
     def current_weights(self) -> tuple[int, WeightHandle]:
-        """The version a device joining the rollout loads: the running step's, else the
-        newest the rollout loop waits for that is published."""
+        """The version a device joining the rollout loads: the running step's; between runs
+        the step the rollout loop is at, or, if training ran ahead and the store dropped that
+        one meanwhile, the newest (the next step's run loads its own on stale engines)."""
         run = self._run
-        version = run.version if run is not None and run.version >= 0 else \
-            min(self._rollout_version, self.versions.latest)
+        if run is not None and run.version >= 0:
+            version = run.version
+        else:
+            version = min(self._rollout_version, self.versions.latest)
+            if not self.versions.has(version):
+                version = self.versions.latest
         self._served_version = version
         return version, self.versions.get(version)

@@ -391,14 +391,17 @@ class RandomMoves:
         return self._maybe(view)
 
 
-@pytest.mark.parametrize("seed", [12, 17, 33, 82, 5, 40, 77, 101])
-def test_random_moves_keep_versions_and_finish(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "steps"), [(12, 6), (17, 6), (33, 6), (82, 6), (5, 6),
+                                           (40, 6), (77, 6), (1026, 10), (1258, 10)])
+def test_random_moves_keep_versions_and_finish(seed: int, steps: int) -> None:
     """Any sequence of legal moves leaves a run that finishes with every sample at its
     version. Regressions (found by this test with random seeds, staleness 1, pipelined):
     seeds 12/17/33 — a blocking move at a step start loaded the previous step's version,
     already dropped from the store (KeyError); seed 82 — the previous step's last tail
     engines were freed while the next step's weights loaded and joined no run, the others
-    then moved to training, and the run waited forever for an engine."""
+    then moved to training, and the run waited forever for an engine; seeds 1026/1258 (10
+    steps, tail packing on) — a move fired in a step finished after its run, once training
+    had published two more versions: it loaded the dropped one."""
     rng = random.Random(seed)
     name = rng.choice(["dapo-7b", "agentic", "balanced", "drift"])
     gpus = rng.choice([4, 6, 8, 12, 16])
@@ -408,8 +411,10 @@ def test_random_moves_keep_versions_and_finish(seed: int) -> None:
         requests = 64
     workload = get_workload(name, seed=seed, requests_per_step=requests)
     costs = get_cost_model("h100-7b")
-    cfg = sim_config(workload, num_rollout, gpus - num_rollout, 6, staleness, 0, costs)
+    cfg = sim_config(workload, num_rollout, gpus - num_rollout, steps, staleness, 0, costs)
+    if steps > 6:
+        cfg.rollout.pack_batch = rng.choice([0, 2, 8, 32])
     run = run_config(cfg, workload, costs, controller=RandomMoves(seed, rng.choice([0.3, 0.7])))
-    assert run.summary["steps"] == 6
+    assert run.summary["steps"] == steps
     assert [m["policy_version"] for m in run.rundir.metrics] == [max(0, k - staleness)
-                                                                for k in range(6)]
+                                                                for k in range(steps)]
