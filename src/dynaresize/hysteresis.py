@@ -97,6 +97,7 @@ BUSY_LOAD = 0.5
 """Engines holding at least this share of their slots are busy: the bulk's growth with width
 is where its end falls (at `tail_batch` per engine), not a per-engine floor."""
 
+
 class HysteresisController(SplitChoice, Lending):
     streams_training = True
     """Asks the orchestrator to train over completed groups during the rollout tail."""
@@ -169,7 +170,7 @@ class HysteresisController(SplitChoice, Lending):
             if timing.rollout_device_s > 0:
                 tail_dev_s = min(timing.rollout_tail_device_s, timing.rollout_device_s)
                 self.roll_tail_s = ema(None if self.roll_dev_s is None else self.roll_tail_s,
-                                        tail_dev_s / max(1, timing.num_rollout_devices), w)
+                                       tail_dev_s / max(1, timing.num_rollout_devices), w)
                 self.roll_dev_s = ema(self.roll_dev_s, timing.rollout_device_s - tail_dev_s, w)
                 self._roll_fit.add(timing.num_rollout_devices,
                                    timing.rollout_device_s - tail_dev_s)

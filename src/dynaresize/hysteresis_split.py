@@ -66,11 +66,11 @@ class SplitChoice:
             old = self._split_step_s.get(key)
             fresh = old if old is not None and view.step - old[1] <= MEASURED_FOR_STEPS else None
             self._split_step_s[key] = (ema(fresh[0] if fresh else None, view.now_s - prev,
-                                            self.p.ema), view.step)
+                                           self.p.ema), view.step)
         if view.staleness != 0:
             return
         self._mode_step_s[lent] = ema(self._mode_step_s.get(lent), view.now_s - prev,
-                                       self.p.ema)
+                                      self.p.ema)
 
     # ------------------------------------------------------------------ decisions
     def _trust_region(self, n: int, base: int) -> tuple[int, int]:

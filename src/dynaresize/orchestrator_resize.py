@@ -125,7 +125,7 @@ class ResizeHooks:
         the step the rollout loop is at, or, if training ran ahead and the store dropped that
         one meanwhile, the newest (the next step's run loads its own on stale engines)."""
         run = self._run
-        if run is not None and run.version >= 0:
+        if run is not None:  # every run the loop holds carries its version (`_start_run`)
             version = run.version
         else:
             version = min(self._rollout_version, self.versions.latest)

@@ -99,9 +99,9 @@ def oracle_step(costs: CostModel, req: StepRequests, num_devices: int,
     tokens = trained_tokens(req)
     roll_s = rollout_device_s(costs, req)
     train_s = tokens * costs.train_token_s() + costs.train_step_overhead_s
-    a_s = tail_s(costs, req)
+    a_s = (tail_s(costs, req) + costs.train_step_overhead_s + costs.weight_sync_s()) \
+        / (1 + staleness)
     b_s = (roll_s + train_s) / num_devices
-    a_s = (a_s + costs.train_step_overhead_s + costs.weight_sync_s()) / (1 + staleness)
     if staleness == 0:
         b_s += costs.weight_sync_s()
     return OracleStep(req.step, max(a_s, b_s), a_s, b_s, roll_s, train_s,
