@@ -136,6 +136,11 @@ class ControllerConfig:
                               "rollout tail thins.", default=True)
     tail_batch: int = _doc("hysteresis: requests per engine that count as lightly loaded in "
                            "the rollout tail.", default=8)
+    lend_min_cv: float = _doc("hysteresis, staleness 0: lend rollout engines to training "
+                              "only when the response lengths have a tail: their measured "
+                              "coefficient of variation (std / mean) is at least this "
+                              "(lending is two resizes a step; short, even lengths keep one "
+                              "split).", default=0.5)
     stream_training: bool = _doc("hysteresis: train a step's micro-batches as their groups "
                                  "complete, while the rollout tail finishes (same update; "
                                  "needs train.exact_reduction).", default=True)

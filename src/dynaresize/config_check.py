@@ -110,6 +110,7 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _non_negative("controller.cost_margin", cfg.controller.cost_margin)
     _non_negative("controller.resize_guess_s", cfg.controller.resize_guess_s)
     _positive("controller.tail_batch", cfg.controller.tail_batch)
+    _non_negative("controller.lend_min_cv", cfg.controller.lend_min_cv)
     _positive("resize.staging_bytes", cfg.resize.staging_bytes)
     _validate_schedule(cfg)
     _validate_faults(cfg)

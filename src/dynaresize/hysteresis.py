@@ -83,6 +83,9 @@ class HysteresisParams:
     resize_guess_s: float = 5.0
     """Staleness 0: a resize's wall time assumed, until one was measured, when weighing
     lending engines to training (`controller.resize_guess_s`)."""
+    lend_min_cv: float = 0.5
+    """Staleness 0: lending needs response lengths with a tail: a measured coefficient of
+    variation of at least this (`controller.lend_min_cv`)."""
 
 
 UNMEASURED_BAND = 2.0
@@ -117,6 +120,9 @@ class HysteresisController(SplitChoice, Lending):
         """Pipelined rollouts: a step's rollout from its start to its last request (EMA)."""
         self._latency_width = 1
         """The rollout width `latency_s` was last measured at."""
+        self.response_cv: float | None = None
+        """Coefficient of variation of the steps' response lengths (EMA): lending needs a
+        tail (`HysteresisParams.lend_min_cv`)."""
         self.ready_profile: tuple[float, ...] = ()
         """Streaming: the share of a step's training ready by each tenth of its rollout
         (`StepTiming.ready_profile`, EMA per point)."""
@@ -162,6 +168,8 @@ class HysteresisController(SplitChoice, Lending):
         for timing in view.history[self._seen_steps:]:
             w = self.p.ema
             self.train_dev_s = ema(self.train_dev_s, timing.train_work_s, w)
+            if timing.response_cv > 0:
+                self.response_cv = ema(self.response_cv, timing.response_cv, w)
             if timing.ready_profile:
                 old = self.ready_profile
                 self.ready_profile = tuple(
@@ -280,7 +288,8 @@ def make_hysteresis(cfg: Config) -> HysteresisController:
     return HysteresisController(HysteresisParams(
         band=c.band, min_dwell_steps=c.min_dwell_steps, horizon_steps=c.horizon_steps,
         cost_margin=c.cost_margin, release_tail=c.release_tail, tail_batch=c.tail_batch,
-        engine_slots=cfg.rollout.max_running_requests, resize_guess_s=c.resize_guess_s))
+        engine_slots=cfg.rollout.max_running_requests, resize_guess_s=c.resize_guess_s,
+        lend_min_cv=c.lend_min_cv))
 
 
 register_policy("hysteresis", make_hysteresis)

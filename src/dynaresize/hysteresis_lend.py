@@ -2,7 +2,8 @@
 
 With streaming training the trainers work through a step's completed groups while its rollout
 runs; the rest of the training waits for the tail. In lending mode (`_lend_ok`, chosen at
-each step start by `_lending_pays`) three ways put rollout engines on it:
+each step start by `_lending_pays`; only for response lengths with a tail) three ways put
+rollout engines on it:
 - `_lend_idle`: engines the tail has emptied (nothing migrates), a quarter of the engines or
   more at a time, when the training still to do gains more than `cost_margin` round trips;
 - `on_rollout_progress`: once the remaining requests fit on fewer engines at `tail_batch` each,
@@ -71,6 +72,7 @@ class Lending:
     _bulk_fit: WidthFit
     _step_requests: int
     ready_profile: tuple[float, ...]
+    response_cv: float | None
 
     def _cost_s(self, view: RunView) -> float:
         raise NotImplementedError
@@ -78,20 +80,31 @@ class Lending:
     def _lending_pays(self, num_devices: int, num_rollout: int) -> bool:
         """Staleness 0: whether lending the engines at rollout end (at its best split) beats
         never lending (at its best split) by more than the band, in prediction and, once both
-        modes have run, in the measured step times. Until a resize has been measured its cost
-        is a guess, so the prediction must also beat its own error: how far it missed the
-        measured step time of the mode the run is in (`UNMEASURED_GAIN` before any step)."""
+        modes have run, in the measured step times. Until both modes have run, the prediction
+        must also beat its own error: how far it missed the measured step time of the mode
+        the run is in (before any step: `UNMEASURED_GAIN` while no resize was measured, the
+        band after). A model that misses a workload's step time by a fifth cannot tell a
+        round trip per step that gains 7% from one that loses 4% (a tailless 32B run did
+        just that: one lending trial, four resizes).
+
+        Lending needs a tail: with short, even response lengths (measured coefficient of
+        variation under `lend_min_cv`) it would only time-share the devices, two resizes a
+        step, and a workload without a tail keeps one split (it may gain 8-18% that way;
+        the split without lending is still well ahead of the best static one)."""
+        if self.response_cv is not None and self.response_cv < self.p.lend_min_cv:
+            return False  # no tail: the gain would be time-sharing, two resizes a step
         lend, keep = self._mode_step_s.get(True), self._mode_step_s.get(False)
-        if lend is not None and keep is not None and lend >= (1 - self.p.band) * keep:
-            return False
         margin = self.p.band
-        if not self._round_trip_measured:
+        if lend is not None and keep is not None:
+            if lend >= (1 - self.p.band) * keep:
+                return False
+        else:
             measured = self._mode_step_s.get(self._lend_ok)
-            if measured is None:
-                margin = UNMEASURED_GAIN
-            else:
+            if measured is not None:
                 predicted = self._stream_s0(num_rollout, num_devices, self._lend_ok)
                 margin += abs(predicted - measured) / measured
+            elif not self._round_trip_measured:
+                margin = UNMEASURED_GAIN
         splits = range(1, num_devices)
         best_lend = min(self._stream_s0(r, num_devices, True) for r in splits)
         best_keep = min(self._stream_s0(r, num_devices, False) for r in splits)

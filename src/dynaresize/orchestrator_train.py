@@ -100,7 +100,7 @@ class TrainLoop:
                 step, got.rollout_s, t2 - t0, got.num_tokens,
                 self._rollout_width.pop(step, len(self.allocation.rollout)), len(trainers),
                 train_device_s, got.rollout_device_s, got.rollout_tail_device_s,
-                got.ready_profile))
+                got.ready_profile, got.response_cv))
             self.rundir.metric(record)
             self.on_step(record)
 

@@ -6,6 +6,7 @@ step's fixed version), computes GRPO advantages per prompt group, and builds the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -68,6 +69,8 @@ class StepSamples:
     """Of those, held in its tail (`StepTiming.rollout_tail_device_s`)."""
     ready_profile: tuple[float, ...] = ()
     """Streaming: `StepTiming.ready_profile`."""
+    response_cv: float = 0.0
+    """`StepTiming.response_cv`."""
 
 
 _SHORT_SHA: dict[tuple[int, ...], str] = {}
@@ -126,6 +129,7 @@ def assemble_step(step: int, version: int, expected: set[tuple[int, int]],
     samples: list[TrainSample] = []
     ordered: list[Completion] = []
     num_tokens = 0
+    sum_sq_tokens = 0
     reward_sum = 0.0
     reuse = built is not None and len(built) == len(by_key)
     start, end = 0, len(keys)
@@ -144,6 +148,7 @@ def assemble_step(step: int, version: int, expected: set[tuple[int, int]],
         for c, reward in zip(group, group_rewards):
             reward_sum += reward
             num_tokens += c.num_tokens
+            sum_sq_tokens += c.num_tokens * c.num_tokens
         start = stop
     reward_mean = reward_sum / max(1, len(samples))
 
@@ -161,4 +166,14 @@ def assemble_step(step: int, version: int, expected: set[tuple[int, int]],
         return records
 
     return StepSamples(samples, Records(build, len(samples)), reward_mean, num_tokens,
-                       rollout_s, version)
+                       rollout_s, version,
+                       response_cv=_cv(num_tokens, sum_sq_tokens, len(samples)))
+
+
+def _cv(total: int, sum_sq: int, count: int) -> float:
+    """Coefficient of variation (std / mean) of `count` values from their sum and sum of
+    squares (population std); 0 for no values or a zero mean."""
+    if count <= 0 or total <= 0:
+        return 0.0
+    mean = total / count
+    return math.sqrt(max(0.0, sum_sq / count - mean * mean)) / mean

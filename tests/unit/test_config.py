@@ -46,6 +46,7 @@ def test_dry_run_text_parses_back(tmp_path: Path) -> None:
         ("allocation.num_rollout_devices=1000", "allocation", "offers at most"),
         ("train.micro_batch_size=7", "train.micro_batch_size", "must divide"),
         ("controller.policy='magic'", "controller.policy", "allowed"),
+        ("controller.lend_min_cv=-0.5", "controller.lend_min_cv", ">= 0"),
         ("rollout.batch_invariant=3", "rollout.batch_invariant", "true or false"),
         ("task.samples_per_prompt=1", "task.samples_per_prompt", ">= 2"),
     ],

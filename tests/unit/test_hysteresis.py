@@ -181,13 +181,17 @@ def test_lending_at_rollout_end_stops_once_measured_slower() -> None:
     assert ctl.at_rollout_end(end2) == []
 
 
-def test_unmeasured_lending_must_beat_the_models_own_error() -> None:
-    """Staleness 0, no resize measured yet: lending is tried when its predicted gain exceeds
-    the band plus how far the model missed the measured step time (not a fixed 20 %)."""
+@pytest.mark.parametrize("round_trip_measured", [False, True])
+def test_unmeasured_lending_must_beat_the_models_own_error(round_trip_measured: bool) -> None:
+    """Staleness 0, lending not run yet: lending is tried when its predicted gain exceeds
+    the band plus how far the model missed the measured step time (not a fixed 20 %), also
+    once a resize was measured (a first split change): the model's level, not the resize
+    cost, is what it may have wrong."""
     def decide(measured_keep_s: float) -> bool:
         ctl = HysteresisController(HysteresisParams())
-        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 5.0, 800.0, 300.0
-        ctl._seen_steps, ctl._round_trip_s = 1, 10.0  # a guessed round trip
+        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 20.0, 800.0, 300.0  # tail: 8%
+        ctl._seen_steps, ctl._round_trip_s = 1, 10.0
+        ctl._round_trip_measured = round_trip_measured
         predicted = ctl._stream_s0(4, 8, False)
         ctl._mode_step_s[False] = measured_keep_s * predicted
         best_lend = min(ctl._stream_s0(r, 8, True) for r in range(1, 8))
@@ -283,6 +287,26 @@ def test_the_training_streamed_during_the_rollout_follows_when_its_work_is_ready
 
     assert not lends(steady)
     assert lends(late)
+
+
+def test_lending_needs_response_lengths_with_a_tail() -> None:
+    """Staleness 0: lending is two resizes a step. With short, even response lengths
+    (coefficient of variation under `lend_min_cv`) it would only time-share the devices,
+    and a workload without a tail must keep one split: no lending, however much the model
+    predicts. The same prediction with long-tailed lengths lends (the model's error is 0)."""
+    late = (0.0,) * 8 + (0.3, 1.0)
+
+    def lends(response_cv: float | None) -> bool:
+        ctl = HysteresisController(HysteresisParams())
+        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 20.0, 800.0, 400.0
+        ctl._seen_steps, ctl._round_trip_s, ctl._round_trip_measured = 1, 1.0, True
+        ctl.ready_profile, ctl.response_cv = late, response_cv
+        ctl._mode_step_s[False] = ctl._stream_s0(4, 8, False)
+        return ctl._lending_pays(8, 4)
+
+    assert lends(1.2)       # DAPO-like
+    assert lends(None)      # not measured yet: the prediction decides
+    assert not lends(0.15)  # `balanced`
 
 
 def test_a_move_the_trust_region_stopped_short_goes_on_at_staleness_0() -> None:

@@ -156,3 +156,18 @@ def test_while_a_resize_waits_free_trainers_only_take_what_ends_in_time(backfill
     assert trainers[1].took == ([1, 2] if backfill else [1])   # m3 would end at 2.1 s
     assert sorted(holdings.held_by) == ([0, 1, 2] if backfill else [0, 1])
     assert spent == pytest.approx(1.2 if backfill else 1.1)
+
+
+def test_a_step_measures_the_spread_of_its_response_lengths() -> None:
+    """`StepSamples.response_cv` (what the controller's lending gate reads): std / mean of
+    the response lengths; 0 for equal lengths."""
+    expected = {(0, j) for j in range(4)}
+    rewards = {key: 0.0 for key in expected}
+
+    def cv(lengths: list[int]) -> float:
+        comps = [_completion(0, 0, j, length=n) for j, n in enumerate(lengths)]
+        return assemble_step(0, 0, expected, comps, rewards, 0.0).response_cv
+
+    assert cv([5, 5, 5, 5]) == 0.0
+    assert cv([2, 4, 6, 8]) == pytest.approx((5 ** 0.5) / 5)  # std sqrt(5), mean 5
+    assert cv([1, 1, 1, 13]) == pytest.approx(27 ** 0.5 / 4)  # std sqrt(27), mean 4
