@@ -80,12 +80,9 @@ class Lending:
     def _lending_pays(self, num_devices: int, num_rollout: int) -> bool:
         """Staleness 0: whether lending the engines at rollout end (at its best split) beats
         never lending (at its best split) by more than the band, in prediction and, once both
-        modes have run, in the measured step times. Until both modes have run, the prediction
-        must also beat its own error: how far it missed the measured step time of the mode
-        the run is in (before any step: `UNMEASURED_GAIN` while no resize was measured, the
-        band after). A model that misses a workload's step time by a fifth cannot tell a
-        round trip per step that gains 7% from one that loses 4% (a tailless 32B run did
-        just that: one lending trial, four resizes).
+        modes have run, in the measured step times. Until a resize has been measured its cost
+        is a guess, so the prediction must also beat its own error: how far it missed the
+        measured step time of the mode the run is in (`UNMEASURED_GAIN` before any step).
 
         Lending needs a tail: with short, even response lengths (measured coefficient of
         variation under `lend_min_cv`) it would only time-share the devices, two resizes a
@@ -94,17 +91,16 @@ class Lending:
         if self.response_cv is not None and self.response_cv < self.p.lend_min_cv:
             return False  # no tail: the gain would be time-sharing, two resizes a step
         lend, keep = self._mode_step_s.get(True), self._mode_step_s.get(False)
+        if lend is not None and keep is not None and lend >= (1 - self.p.band) * keep:
+            return False
         margin = self.p.band
-        if lend is not None and keep is not None:
-            if lend >= (1 - self.p.band) * keep:
-                return False
-        else:
+        if not self._round_trip_measured:
             measured = self._mode_step_s.get(self._lend_ok)
-            if measured is not None:
+            if measured is None:
+                margin = UNMEASURED_GAIN
+            else:
                 predicted = self._stream_s0(num_rollout, num_devices, self._lend_ok)
                 margin += abs(predicted - measured) / measured
-            elif not self._round_trip_measured:
-                margin = UNMEASURED_GAIN
         splits = range(1, num_devices)
         best_lend = min(self._stream_s0(r, num_devices, True) for r in splits)
         best_keep = min(self._stream_s0(r, num_devices, False) for r in splits)
