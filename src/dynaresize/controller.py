@@ -60,9 +60,10 @@ class StepTiming:
     """Streaming: the share of the step's training tokens whose micro-batches were ready
     (every group complete) by each tenth of its rollout (`StepStream.ready_profile`);
     empty: not measured."""
-    response_cv: float = 0.0
-    """Coefficient of variation (std / mean) of the step's response lengths: ~0.15 for short,
-    even lengths, ~1 and more for a long tail (DAPO-like, bimodal); 0: not measured."""
+    response_cv: float | None = None
+    """Coefficient of variation (std / mean) of the step's response lengths: 0 for equal
+    lengths, ~0.15 for short, even ones, ~1 and more for a long tail (DAPO-like, bimodal);
+    None: not measured."""
 
     @property
     def train_work_s(self) -> float:

@@ -168,7 +168,7 @@ class HysteresisController(SplitChoice, Lending):
         for timing in view.history[self._seen_steps:]:
             w = self.p.ema
             self.train_dev_s = ema(self.train_dev_s, timing.train_work_s, w)
-            if timing.response_cv > 0:
+            if timing.response_cv is not None:
                 self.response_cv = ema(self.response_cv, timing.response_cv, w)
             if timing.ready_profile:
                 old = self.ready_profile

@@ -69,7 +69,7 @@ class StepSamples:
     """Of those, held in its tail (`StepTiming.rollout_tail_device_s`)."""
     ready_profile: tuple[float, ...] = ()
     """Streaming: `StepTiming.ready_profile`."""
-    response_cv: float = 0.0
+    response_cv: float | None = None
     """`StepTiming.response_cv`."""
 
 
@@ -170,10 +170,10 @@ def assemble_step(step: int, version: int, expected: set[tuple[int, int]],
                        response_cv=_cv(num_tokens, sum_sq_tokens, len(samples)))
 
 
-def _cv(total: int, sum_sq: int, count: int) -> float:
+def _cv(total: int, sum_sq: int, count: int) -> float | None:
     """Coefficient of variation (std / mean) of `count` values from their sum and sum of
-    squares (population std); 0 for no values or a zero mean."""
+    squares (population std); None for no values or a zero mean."""
     if count <= 0 or total <= 0:
-        return 0.0
+        return None
     mean = total / count
     return math.sqrt(max(0.0, sum_sq / count - mean * mean)) / mean

@@ -303,6 +303,13 @@ def test_lending_needs_response_lengths_with_a_tail() -> None:
     assert lends(1.2)       # DAPO-like
     assert lends(None)      # not measured yet: the prediction decides
     assert not lends(0.15)  # `balanced`
+    assert not lends(0.0)   # equal lengths (measured)
+    # the controller reads the measurement from the step timings (an EMA), 0 included
+    ctl = HysteresisController(HysteresisParams())
+    hist = [StepTiming(0, 10.0, 5.0, 100, 4, 4, response_cv=0.0),
+            StepTiming(1, 10.0, 5.0, 100, 4, 4)]  # step 1: not measured
+    ctl._update(view(2, Allocation.initial(4, 4), hist, staleness=0))
+    assert ctl.response_cv == 0.0
 
 
 def test_a_move_the_trust_region_stopped_short_goes_on_at_staleness_0() -> None:

@@ -160,11 +160,11 @@ def test_while_a_resize_waits_free_trainers_only_take_what_ends_in_time(backfill
 
 def test_a_step_measures_the_spread_of_its_response_lengths() -> None:
     """`StepSamples.response_cv` (what the controller's lending gate reads): std / mean of
-    the response lengths; 0 for equal lengths."""
+    the response lengths; 0 for equal lengths (measured: not "unknown", which is None)."""
     expected = {(0, j) for j in range(4)}
     rewards = {key: 0.0 for key in expected}
 
-    def cv(lengths: list[int]) -> float:
+    def cv(lengths: list[int]) -> float | None:
         comps = [_completion(0, 0, j, length=n) for j, n in enumerate(lengths)]
         return assemble_step(0, 0, expected, comps, rewards, 0.0).response_cv
 
