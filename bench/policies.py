@@ -66,6 +66,15 @@ def unseen_line(steps: int) -> str:
             f"hysteresis / best static {min(ratios):.2f}–{max(ratios):.2f}x")
 
 
+def write_readme_block(start: str, end: str, text: str) -> None:
+    """Replace README's text between the `start` and `end` markers (if both are there)."""
+    readme = README.read_text()
+    if start in readme and end in readme:
+        readme = re.sub(re.escape(start) + ".*?" + re.escape(end),
+                        lambda _: f"{start}\n{text}\n{end}", readme, flags=re.S)
+        README.write_text(readme)
+
+
 def row_of(results: list[dict], policy: str) -> dict | None:
     return next((r for r in results if r["policy"] == policy), None)
 
@@ -120,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join([header, "", *lines, "", *(f"- {line}" for line in extra)])
     print(table)
     if not args.no_write and not args.quick:
-        text = README.read_text()
-        if START in text and END in text:
-            text = re.sub(re.escape(START) + ".*?" + re.escape(END),
-                          lambda _: f"{START}\n{table}\n{END}", text, flags=re.S)
-            README.write_text(text)
+        write_readme_block(START, END, table)
     return 0
 
 

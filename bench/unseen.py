@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import platform
 import random
-import re
 import statistics
 import sys
 import time
@@ -32,7 +31,9 @@ from pathlib import Path
 from dynaresize.sim.run import simulate
 from dynaresize.sim.workloads import SyntheticWorkload
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policies import write_readme_block  # noqa: E402  (bench/ is not a package)
+
 START, END = "<!-- unseen:start -->", "<!-- unseen:end -->"
 FAMILIES = ("tailed", "tailless", "bimodal", "drift")
 GPU_COUNTS = (4, 6, 8, 12, 16, 24, 32, 40, 48, 64, 96)
@@ -112,11 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join([header, "", *lines])
     print(table)
     if not args.no_write and args.runs == parser.get_default("runs"):
-        text = README.read_text()
-        if START in text and END in text:
-            text = re.sub(re.escape(START) + ".*?" + re.escape(END),
-                          lambda _: f"{START}\n{table}\n{END}", text, flags=re.S)
-            README.write_text(text)
+        write_readme_block(START, END, table)
     return 0
 
 
