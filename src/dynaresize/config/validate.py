@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dynaresize.config import (
+from dynaresize.config.schema import (
     BACKENDS,
     CPU_DEVICE_BYTES,
     DEVICE_TYPES,

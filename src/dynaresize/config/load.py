@@ -1,0 +1,161 @@
+"""Loading a Config: TOML file + `--set key=value` overrides, and back to TOML (`--dry-run`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any
+
+from dynaresize.config.schema import Config, ConfigError, KillEntry, ResizeEntry
+from dynaresize.config.validate import _is_file, validate
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
+    if typ == list[ResizeEntry]:
+        return _resize_entries(name, value, source)
+    if typ == list[KillEntry]:
+        return _resize_entries(name, value, source, KillEntry)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(name, value, "must be true or false", source)
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(name, value, "must be an integer", source)
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(name, value, "must be a finite number", source)
+            return float(value)
+        raise ConfigError(name, value, "must be a number", source)
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(name, value, "must be a string", source)
+    return value
+
+
+def _resize_entries(name: str, value: Any, source: str, cls: type = ResizeEntry) -> list[Any]:
+    """An array of tables of `cls` ([[resize.schedule]], [[faults.kill]])."""
+    if isinstance(value, cls):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError(name, value, f"must be an array of tables ([[{name}]])", source)
+    hints = typing.get_type_hints(cls)
+    entries = []
+    for i, item in enumerate(value):
+        if isinstance(item, cls):
+            entries.append(item)
+            continue
+        if not isinstance(item, dict):
+            raise ConfigError(f"{name}[{i}]", item, "must be a table", source)
+        entry = cls()
+        for key, v in item.items():
+            if key not in hints:
+                raise ConfigError(f"{name}[{i}].{key}", v,
+                                  f"unknown key; allowed: {', '.join(hints)}", source)
+            setattr(entry, key, _coerce(f"{name}[{i}].{key}", v, hints[key], source))
+        entries.append(entry)
+    return entries
+
+
+def _apply(cfg: Config, data: dict[str, Any], source: str) -> None:
+    sections = {f.name: f for f in dataclasses.fields(Config)}
+    for sec_name, sec_value in data.items():
+        if sec_name not in sections:
+            raise ConfigError(sec_name, sec_value,
+                              f"unknown section; allowed: {', '.join(sections)}", source)
+        if not isinstance(sec_value, dict):
+            raise ConfigError(sec_name, sec_value, "must be a table of keys", source)
+        section = getattr(cfg, sec_name)
+        hints = _section_types(type(section))
+        for key, value in sec_value.items():
+            full = f"{sec_name}.{key}"
+            if key not in hints:
+                raise ConfigError(full, value,
+                                  f"unknown key; allowed in [{sec_name}]: {', '.join(hints)}",
+                                  source)
+            setattr(section, key, _coerce(full, value, hints[key], source))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`section.key=value` → (dotted key, value parsed as a TOML literal, else a string)."""
+    if "=" not in text:
+        raise ConfigError("--set", text, "expected key=value, e.g. run.steps=4")
+    key, raw = text.split("=", 1)
+    key, raw = key.strip(), raw.strip()
+    if key.count(".") != 1:
+        raise ConfigError("--set", text, "key must be section.key, e.g. run.steps")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                overrides: list[str] | tuple[str, ...] = (),
+                *, check_machine: bool = True) -> Config:
+    """Build a validated Config from defaults, an optional TOML file and overrides."""
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        if not _is_file(str(p)):
+            raise ConfigError("--config", str(p), "file not found")
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", str(p), f"not valid TOML ({exc})") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("--config", str(p), f"cannot read it as UTF-8 text ({exc})") \
+                from None
+        _apply(cfg, data, str(p))
+    for text in overrides:
+        key, value = parse_override(text)
+        sec, name = key.split(".")
+        _apply(cfg, {sec: {name: value}}, "--set")
+    validate(cfg, check_machine=check_machine)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config from `Config.to_dict()` output (e.g. inside a device process)."""
+    cfg = Config()
+    _apply(cfg, data, "config")
+    validate(cfg, check_machine=False)
+    return cfg
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML (what `--dry-run` prints)."""
+    lines: list[str] = []
+    for sec in dataclasses.fields(cfg):
+        lines.append(f"[{sec.name}]")
+        section = getattr(cfg, sec.name)
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, list):
+                continue
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            else:
+                text = repr(value)
+            lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")
+        lines.append("")
+    for e in cfg.faults.kill:
+        lines += ["[[faults.kill]]", f"device = {e.device}", f"step = {e.step}",
+                  f'at = "{e.at}"', ""]
+    for e in cfg.resize.schedule:
+        lines += ["[[resize.schedule]]", f"step = {e.step}", f'at = "{e.at}"',
+                  f'move = "{e.move}"', f"num_devices = {e.num_devices}", ""]
+    return "\n".join(lines)
