@@ -58,7 +58,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
     from dynaresize.faults import FaultInjector
     from dynaresize.orchestrator import Orchestrator
-    from dynaresize.recovery import Recovery
+    from dynaresize.orchestrator.recovery import Recovery
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)

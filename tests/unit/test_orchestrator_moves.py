@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from dynaresize.controller import Move, RunView
-from dynaresize.orchestrator_resize import ResizeHooks
-from dynaresize.orchestrator_rollout import RolloutLoop
+from dynaresize.orchestrator.resizer import ResizeHooks
+from dynaresize.orchestrator.rollout_loop import RolloutLoop
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.workloads import get_workload
@@ -220,7 +220,7 @@ def test_pipelined_tail_whose_last_engine_dies_is_finished_by_the_newest_step(
         return await orig(self, max_s, until_empty)
 
     monkeypatch.setattr(SimDevice, "run_rollout", run_rollout)
-    from dynaresize import orchestrator as orch_mod
+    from dynaresize.orchestrator import orchestrator as orch_mod
     orig_init = orch_mod.Orchestrator.__init__
 
     def init(self, *args, **kwargs):  # type: ignore[no-untyped-def]

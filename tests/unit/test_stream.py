@@ -134,8 +134,8 @@ def test_while_a_resize_waits_free_trainers_only_take_what_ends_in_time(backfill
     """Once a resize waits for the boundary, the session ends when the micro-batches in
     flight do; meanwhile a free trainer takes ready micro-batches expected to end by then
     (backfill, at the measured seconds per token) and never one that would delay it."""
+    from dynaresize.orchestrator.streaming import TrainRate, _session
     from dynaresize.sim.clock import VirtualClock
-    from dynaresize.stream_train import TrainRate, _session
 
     clock = VirtualClock()
     stream = StepStream(0, 0, [0, 1, 2, 3], 2, 2)   # one micro-batch per prompt

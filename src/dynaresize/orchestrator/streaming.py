@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dynaresize.stream import Holdings, StepStream
 
 if TYPE_CHECKING:
-    from dynaresize.orchestrator import Orchestrator
+    from dynaresize.orchestrator.orchestrator import Orchestrator
     from dynaresize.protocols import Device
 
 

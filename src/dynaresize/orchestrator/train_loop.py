@@ -13,9 +13,9 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from dynaresize.controller import StepTiming
+from dynaresize.orchestrator.streaming import accumulate, finish
 from dynaresize.samples import StepSamples
 from dynaresize.stream import Holdings
-from dynaresize.stream_train import accumulate, finish
 from dynaresize.train.batching import global_num_tokens, plan_step
 
 if TYPE_CHECKING:

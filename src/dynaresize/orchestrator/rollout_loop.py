@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from dynaresize.orchestrator_engines import EngineMoves
+from dynaresize.orchestrator.engines import EngineMoves
 from dynaresize.rollout.scheduler import RolloutRun
 from dynaresize.samples import assemble_step
 from dynaresize.stream import StepStream

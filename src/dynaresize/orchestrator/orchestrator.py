@@ -39,9 +39,9 @@ from typing import Any, Protocol
 from dynaresize.allocation import Allocation
 from dynaresize.config import Config
 from dynaresize.controller import Controller, RunView, StepTiming, make_controller
-from dynaresize.orchestrator_resize import ResizeHooks
-from dynaresize.orchestrator_rollout import RolloutLoop
-from dynaresize.orchestrator_train import TrainLoop
+from dynaresize.orchestrator.resizer import ResizeHooks
+from dynaresize.orchestrator.rollout_loop import RolloutLoop
+from dynaresize.orchestrator.train_loop import TrainLoop
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.resize.executor import ResizeExecutor, ResizeReport
 from dynaresize.resize.planner import Op
