@@ -1,10 +1,6 @@
-"""The orchestrator (see `orchestrator.orchestrator` for the loop diagram)."""
+"""The orchestrator as components (see `orchestrator.orchestrator` for the loop diagram)."""
 
-from dynaresize.orchestrator.orchestrator import (
-                                                  Orchestrator,
-                                                  PromptLike,
-                                                  PromptSource,
-                                                  VersionStore,
-)
+from dynaresize.orchestrator.orchestrator import Orchestrator, PromptLike, PromptSource
+from dynaresize.orchestrator.state import RunState, VersionStore
 
-__all__ = ["Orchestrator", "PromptLike", "PromptSource", "VersionStore"]
+__all__ = ["Orchestrator", "PromptLike", "PromptSource", "RunState", "VersionStore"]
