@@ -64,6 +64,7 @@ from dynaresize.orchestrator.rollout_loop import RolloutLoop
 from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.streaming import StreamTrainer
 from dynaresize.orchestrator.summary import run_summary
+from dynaresize.orchestrator.switch import NoSwitch, RoleSwitch
 from dynaresize.orchestrator.train_loop import TrainLoop
 from dynaresize.orchestrator.view import RunViews
 from dynaresize.protocols import Clock, Device
@@ -91,7 +92,9 @@ class Orchestrator:
     `faults`: a backend that can lose devices (`is_alive`, `new_store`) turns recovery on;
     `checkpoints`: where and how often to checkpoint; `resume_from`: (checkpoint path,
     CheckpointState) to continue from; `injector`: `[[faults.kill]]` (kills for real);
-    `fail_op(resize_index, op)`: failure injection into resizes (tests)."""
+    `fail_op(resize_index, op)`: failure injection into resizes (tests); `allocation` and
+    `switch`: colocated runs (every device in both pools, role switches between the loops;
+    default: the config's split, `NoSwitch`)."""
 
     def __init__(self, cfg: Config, devices: Sequence[Device], clock: Clock,
                  source: PromptSource, rundir: RunDir,
@@ -100,15 +103,17 @@ class Orchestrator:
                  controller: Controller | None = None,
                  checkpoints: CheckpointTarget | None = None,
                  resume_from: tuple[Any, Any] | None = None,
-                 faults: DeviceFaults | None = None, injector: Any = None) -> None:
+                 faults: DeviceFaults | None = None, injector: Any = None,
+                 allocation: Any = None, switch: RoleSwitch | None = None) -> None:
         if len(devices) != cfg.num_devices:
             raise ValueError(f"config wants {cfg.num_devices} devices, got {len(devices)}")
         self.cfg, self.clock, self.rundir = cfg, clock, rundir
         self.resume_from = resume_from
         self.state = state = RunState(
-            devices, Allocation.initial(cfg.allocation.num_rollout_devices,
-                                        cfg.allocation.num_train_devices),
+            devices, allocation or Allocation.initial(cfg.allocation.num_rollout_devices,
+                                                      cfg.allocation.num_train_devices),
             resume_from[1].num_steps if resume_from else 0)
+        switch = switch or NoSwitch()
         self.versions = state.versions
         self.board = board = StepBoard()
         self.boundary = boundary = OptimizerBoundary(board.changed)
@@ -134,11 +139,12 @@ class Orchestrator:
                               cfg.run.staleness == 0 and self.streaming)
         self.rollout = RolloutLoop(cfg, state, board, engines, self.resizer, self.recovery,
                                    controller, self.views, source, clock, rundir,
-                                   self.background, injector, self.streaming, self.pipelined)
+                                   self.background, injector, self.streaming, self.pipelined,
+                                   switch)
         self.train = TrainLoop(cfg, state, board, boundary, stepper,
                                StreamTrainer(clock, rundir, boundary, state, board.changed),
                                self.resizer, self.recovery, self.checkpointer, clock, rundir,
-                               on_step or (lambda record: None), self.streaming)
+                               on_step or (lambda record: None), self.streaming, switch)
 
     async def run(self) -> dict[str, Any]:
         state, clock = self.state, self.clock

@@ -31,6 +31,7 @@ from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.state import RunState
+from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.orchestrator.view import RunViews
 from dynaresize.protocols import Clock, Device
 from dynaresize.rollout.scheduler import RolloutRun
@@ -45,7 +46,7 @@ class RolloutLoop:
                  resizer: Resizer, recovery: Recovery | NullRecovery, controller: Controller,
                  view: RunViews, source: Any, clock: Clock, rundir: RunDir,
                  background: Background, injector: Any, streaming: bool,
-                 pipelined: bool) -> None:
+                 pipelined: bool, switch: RoleSwitch) -> None:
         self.cfg = cfg
         self.state = state
         self.board = board
@@ -62,6 +63,7 @@ class RolloutLoop:
         self.streaming = streaming
         self.pipelined = pipelined
         """Step k + 1's rollout starts on the engines step k's tail has emptied (module doc)."""
+        self.switch = switch
         self.num_migrated = 0
         """Requests moved to another engine by tail packing (`RolloutRun.pack_batch`)."""
 
@@ -88,6 +90,7 @@ class RolloutLoop:
             if ending is not None and resizer.num_requested:
                 await ending  # no pipelining while a resize is pending
                 ending = None
+            await self.switch.to_rollout(step)  # colocated: the devices become engines
             busy = engines.tail_busy()
             ready = [d for d in engines.rollout_devices() if d.index not in busy]
             await engines.load_version(version, handle, ready)

@@ -23,6 +23,7 @@ from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.streaming import StreamTrainer
+from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.protocols import Clock
 from dynaresize.rundir import RunDir
 from dynaresize.stream import Holdings
@@ -34,7 +35,8 @@ class TrainLoop:
                  boundary: OptimizerBoundary, stepper: PlainStep, streamer: StreamTrainer,
                  resizer: Resizer, recovery: Recovery | NullRecovery,
                  checkpointer: Checkpointer | NullCheckpointer, clock: Clock, rundir: RunDir,
-                 on_step: Callable[[dict[str, Any]], None], streaming: bool) -> None:
+                 on_step: Callable[[dict[str, Any]], None], streaming: bool,
+                 switch: RoleSwitch) -> None:
         self.cfg = cfg
         self.state = state
         self.board = board
@@ -49,6 +51,7 @@ class TrainLoop:
         self.rundir = rundir
         self.on_step = on_step
         self.streaming = streaming
+        self.switch = switch
 
     async def run(self) -> None:
         """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
@@ -67,6 +70,7 @@ class TrainLoop:
                         raise
                     stream = None  # the plain path below reruns the step after the repair
             got = await board.samples(step)
+            await self.switch.to_train(step)  # colocated: the engines become trainers
             async with self.boundary.lock:
                 t0 = self.clock.now()  # streaming: train_s is what the rollout end waits for
                 while True:  # a device death mid-step: recover, then rerun the step
