@@ -47,11 +47,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from dynaresize.allocation import Allocation
 from dynaresize.config import Config
 from dynaresize.controller import Controller, make_controller
+from dynaresize.faults import FaultInjector
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
@@ -61,6 +62,7 @@ from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.recovery import DeviceFaults, NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.rollout_loop import RolloutLoop
+from dynaresize.orchestrator.source import PromptSource
 from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.streaming import StreamTrainer
 from dynaresize.orchestrator.summary import run_summary
@@ -71,19 +73,6 @@ from dynaresize.protocols import Clock, Device
 from dynaresize.resize.executor import ResizeExecutor
 from dynaresize.resize.planner import Op
 from dynaresize.rundir import RunDir
-
-
-class PromptLike(Protocol):
-    id: int
-    tokens: tuple[int, ...]
-
-
-class PromptSource(Protocol):
-    """A task as the orchestrator sees it: seeded prompt batches and a verifiable reward."""
-
-    def batch(self, step: int, num_prompts: int, seed: int) -> Sequence[PromptLike]: ...
-
-    def reward(self, prompt: Any, response_tokens: list[int]) -> float: ...
 
 
 class Orchestrator:
@@ -103,7 +92,7 @@ class Orchestrator:
                  controller: Controller | None = None,
                  checkpoints: CheckpointTarget | None = None,
                  resume_from: tuple[Any, Any] | None = None,
-                 faults: DeviceFaults | None = None, injector: Any = None,
+                 faults: DeviceFaults | None = None, injector: FaultInjector | None = None,
                  allocation: Any = None, switch: RoleSwitch | None = None) -> None:
         if len(devices) != cfg.num_devices:
             raise ValueError(f"config wants {cfg.num_devices} devices, got {len(devices)}")

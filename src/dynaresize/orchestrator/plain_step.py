@@ -5,15 +5,16 @@ loop runs steps so; recovery replays steps so after restoring a checkpoint."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+from dynaresize.faults import FaultInjector
 from dynaresize.protocols import Clock, Device
 from dynaresize.samples import StepSamples
 from dynaresize.train.batching import global_num_tokens, plan_step
 
 
 class PlainStep:
-    def __init__(self, micro_batch_size: int, clock: Clock, injector: Any = None) -> None:
+    def __init__(self, micro_batch_size: int, clock: Clock,
+                 injector: FaultInjector | None = None) -> None:
         self.micro_batch_size = micro_batch_size
         self.clock = clock
         self.injector = injector

@@ -56,7 +56,10 @@ class NullRecovery:
     """Recovery off (a backend that cannot lose devices): every device error propagates."""
 
     enabled = False
-    records: list[dict[str, Any]] = []
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        """Always empty (the same field as `Recovery.records`)."""
 
     def retain(self, step: int, got: Any) -> None:
         return None

@@ -25,11 +25,13 @@ from typing import Any
 
 from dynaresize.config import Config
 from dynaresize.controller import Controller
+from dynaresize.faults import FaultInjector
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
+from dynaresize.orchestrator.source import PromptSource
 from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.orchestrator.view import RunViews
@@ -44,8 +46,8 @@ from dynaresize.types import Completion, RequestSpec, request_seed
 class RolloutLoop:
     def __init__(self, cfg: Config, state: RunState, board: StepBoard, engines: EnginePool,
                  resizer: Resizer, recovery: Recovery | NullRecovery, controller: Controller,
-                 view: RunViews, source: Any, clock: Clock, rundir: RunDir,
-                 background: Background, injector: Any, streaming: bool,
+                 view: RunViews, source: PromptSource, clock: Clock, rundir: RunDir,
+                 background: Background, injector: FaultInjector | None, streaming: bool,
                  pipelined: bool, switch: RoleSwitch) -> None:
         self.cfg = cfg
         self.state = state
