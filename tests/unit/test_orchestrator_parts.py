@@ -133,3 +133,29 @@ def test_a_background_error_fails_the_run_and_success_resolves_it() -> None:
 
     assert asyncio.run(scenario(True)) == "engine lost"
     assert asyncio.run(scenario(False)) == "ok"
+
+
+def test_a_device_joining_between_runs_loads_the_loops_version_or_the_newest_kept() -> None:
+    """`EnginePool.current_weights` (what a resize loads on a device joining the rollout):
+    the running step's version; between runs the rollout loop's, unless training ran ahead
+    and the store already dropped it (then the newest)."""
+    from types import SimpleNamespace
+
+    from dynaresize.orchestrator.engines import EnginePool
+    from dynaresize.orchestrator.state import VersionStore
+
+    async def scenario() -> list[int]:
+        versions = VersionStore()
+        state = SimpleNamespace(devices=[SimpleNamespace(index=0)], versions=versions,
+                                rollout_version=1, allocation=None)
+        pool = EnginePool(state, None, None, Background())  # type: ignore[arg-type]
+        for v in (1, 2):
+            await versions.publish(v, f"w{v}")
+        got = [pool.current_weights()[0]]             # v1 still kept (the two newest are)
+        await versions.publish(3, "w3")
+        got.append(pool.current_weights()[0])         # v1 dropped: the newest
+        pool.start_run(SimpleNamespace(version=2))    # type: ignore[arg-type]
+        got.append(pool.current_weights()[0])         # a step rolls out: its version
+        return got
+
+    assert asyncio.run(scenario()) == [1, 3, 2]
