@@ -54,11 +54,11 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     `fail_op(resize_index, op) -> bool`: failure injection for tests.
     `resume`: continue `out_dir` from its latest checkpoint (see `checkpoint`).
     `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
-    from dynaresize.checkpoint import Checkpointer, read_latest
+    from dynaresize.checkpoint import read_latest
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
     from dynaresize.faults import FaultInjector
     from dynaresize.orchestrator import Orchestrator
-    from dynaresize.recovery import Recovery
+    from dynaresize.orchestrator.checkpoint import CheckpointTarget
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)
@@ -90,20 +90,19 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
             if stop_after_steps is not None and record["step"] + 1 >= stop_after_steps:
                 raise RunStopped(f"stopped after {stop_after_steps} steps")
 
-        checkpointer = None
+        checkpoints = None
         if rundir.path is not None and (cfg.run.checkpoint_every or resume_from):
-            checkpointer = Checkpointer(rundir.path, cfg.run.checkpoint_every, RayWeightIO())
+            checkpoints = CheckpointTarget(rundir.path, cfg.run.checkpoint_every, RayWeightIO())
         clock = RealClock()
         injector = FaultInjector(cfg.faults.kill, pool.kill, clock.now)
 
         def fail_or_kill(index: int, op: Any) -> bool:
-            return injector.in_resize(orch._step, op) or bool(fail_op and fail_op(index, op))
+            return injector.in_resize(orch.state.step, op) or bool(fail_op and fail_op(index, op))
 
         orch = Orchestrator(cfg, devices, clock, task, rundir, on_step=on_step,
-                            fail_op=fail_or_kill, checkpointer=checkpointer,
-                            resume_from=resume_from)
-        orch.recovery = Recovery(orch, pool.is_alive, pool.new_store)
-        orch.injector = injector if cfg.faults.kill else None
+                            fail_op=fail_or_kill, checkpoints=checkpoints,
+                            resume_from=resume_from, faults=pool,
+                            injector=injector if cfg.faults.kill else None)
         progress.status("building models and process groups…")
         summary = asyncio.run(orch.run())
         progress.close()

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from dynaresize.controller import Move, RunView
-from dynaresize.orchestrator_resize import ResizeHooks
-from dynaresize.orchestrator_rollout import RolloutLoop
+from dynaresize.orchestrator.background import Background
+from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.workloads import get_workload
@@ -166,7 +166,7 @@ def test_pipelined_rollouts_overlap_steps_and_keep_every_sample(tmp_path) -> Non
                 span[0], span[1] = min(span[0], e["t_start"]), max(span[1], e["t_end"])
         overlaps = sum(spans[k + 1][0] < spans[k][1] for k in range(4))
         got[pipelined] = (records, overlaps, run.summary["wall_s"])
-        assert (run.orchestrator.num_migrated > 0) == pipelined  # packing moved requests
+        assert (run.orchestrator.rollout.num_migrated > 0) == pipelined  # packing moved requests
     assert got[True][0] == got[False][0] and len(got[True][0]) == 5 * 512
     assert got[False][1] == 0 and got[True][1] >= 2
     assert got[True][2] <= got[False][2]
@@ -175,13 +175,15 @@ def test_pipelined_rollouts_overlap_steps_and_keep_every_sample(tmp_path) -> Non
 class _DeathsOnly:
     """Recovery stand-in: a rollout device that raises is gone (fenced); nothing else dies."""
 
-    def __init__(self, orch) -> None:  # type: ignore[no-untyped-def]
-        self.orch = orch
+    enabled = True
+
+    def __init__(self, faults, state, engines, executor, stepper, clock,  # type: ignore
+                 rundir) -> None:
+        self.state, self.executor = state, executor
 
     def on_rollout_lost(self, device, exc) -> bool:  # type: ignore[no-untyped-def]
-        from dynaresize.types import Role
-        self.orch.allocation = self.orch.allocation.with_roles({device.index: Role.IDLE})
-        self.orch.executor.lost.add(device.index)
+        self.state.fence(device.index)
+        self.executor.lost.add(device.index)
         return True
 
     def find_dead(self, how: str) -> bool:
@@ -212,22 +214,23 @@ def test_pipelined_tail_whose_last_engine_dies_is_finished_by_the_newest_step(
 
     async def run_rollout(self, max_s, until_empty=False):  # type: ignore[no-untyped-def]
         orch = orch_box[0] if orch_box else None
-        tail = orch._tail_run if orch is not None else None
+        tail = orch.engines.tail_run if orch is not None else None
+        newest = orch.engines.run if orch is not None else None
         if (not killed and tail is not None and tail.devices() == [self.index]
-                and tail.remaining and orch._run is not tail and orch._run.devices()):
+                and tail.remaining and newest is not tail and newest.devices()):
             killed.append(self.index)
             raise RuntimeError("device process died")
         return await orig(self, max_s, until_empty)
 
     monkeypatch.setattr(SimDevice, "run_rollout", run_rollout)
-    from dynaresize import orchestrator as orch_mod
+    from dynaresize.orchestrator import orchestrator as orch_mod
     orig_init = orch_mod.Orchestrator.__init__
 
     def init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        orig_init(self, *args, **kwargs)
-        self.recovery = _DeathsOnly(self)
+        orig_init(self, *args, faults=SimpleNamespace(), **kwargs)
         orch_box.append(self)
 
+    monkeypatch.setattr(orch_mod, "Recovery", _DeathsOnly)
     monkeypatch.setattr(orch_mod.Orchestrator, "__init__", init)
     out = tmp_path / "run"
     run = run_config(cfg, workload, costs, controller=StreamingStatic(), out_dir=out)
@@ -319,23 +322,20 @@ class _Device:
         self.loaded = version
 
 
-class _Host(ResizeHooks, RolloutLoop):
-    """The orchestrator state `start_serving` and `_move_to_newest` use, nothing else."""
-
-    def __init__(self, run: _Run, served_version: int) -> None:
-        self._run, self._tail_run = run, None
-        self._tail_devices: set[int] = set()
-        self._settled = asyncio.Event()
-        self._settled.set()
-        self._failed = asyncio.get_running_loop().create_future()
-        self._leaving: set[int] = set()
-        self._serving_early: set[int] = set()
-        self.allocation = SimpleNamespace(rollout=(0,), train=(1,))
-        self.engine_version = {0: run.version, 1: -1}
-        self._served_version = served_version
-        self.versions = SimpleNamespace(get=lambda version: f"weights v{version}")
-        self.clock = SimpleNamespace(now=lambda: 0.0)
-        self.rundir = SimpleNamespace(event=lambda *args, **kwargs: None)
+def _pool(run: _Run, served_version: int) -> EnginePool:
+    """An engine pool with device 0 in `run` and device 1 a training device (what
+    `start_serving` and the move to the newest run use, nothing else)."""
+    state = SimpleNamespace(devices=[_Device(0), _Device(1)],
+                            allocation=SimpleNamespace(rollout=(0,), train=(1,)),
+                            versions=SimpleNamespace(get=lambda version: f"weights v{version}"))
+    background = Background()
+    background.start()
+    pool = EnginePool(state, SimpleNamespace(now=lambda: 0.0),  # type: ignore[arg-type]
+                      SimpleNamespace(event=lambda *args, **kwargs: None), background)
+    pool.start_run(run)  # type: ignore[arg-type]
+    pool.engine_version = {0: run.version, 1: -1}
+    pool._served_version = served_version
+    return pool
 
 
 @pytest.mark.parametrize("served_version", [4, 5])
@@ -348,12 +348,12 @@ def test_device_joining_mid_resize_serves_the_running_steps_version(served_versi
 
     async def scenario() -> tuple[list[tuple[int, int]], int]:
         run = _Run(version=5)
-        host = _Host(run, served_version)
-        device = _Device(1)
+        pool = _pool(run, served_version)
+        device = pool.state.devices[1]
         device.loaded = served_version               # what the resize loaded on it
-        host.start_serving(device)  # type: ignore[arg-type]
-        await host.settle_rollouts()                 # the device is on its way, if at all
-        return run.joined, host.engine_version[1]
+        pool.start_serving(device)
+        await pool.settle()                          # the device is on its way, if at all
+        return run.joined, pool.engine_version[1]
 
     joined, engine_version = asyncio.run(scenario())
     assert joined == [(1, 5)] and engine_version == 5

@@ -109,11 +109,6 @@ class _Events:
         return None
 
 
-class _Orch:
-    def __init__(self, clock: object) -> None:
-        self.clock, self.rundir = clock, _Events()
-
-
 class _Trainer:
     """Accumulates a micro-batch in 0.01 s per token; micro-batch 1 raises `stop`."""
 
@@ -134,8 +129,8 @@ def test_while_a_resize_waits_free_trainers_only_take_what_ends_in_time(backfill
     """Once a resize waits for the boundary, the session ends when the micro-batches in
     flight do; meanwhile a free trainer takes ready micro-batches expected to end by then
     (backfill, at the measured seconds per token) and never one that would delay it."""
+    from dynaresize.orchestrator.streaming import TrainRate, train_session
     from dynaresize.sim.clock import VirtualClock
-    from dynaresize.stream_train import TrainRate, _session
 
     clock = VirtualClock()
     stream = StepStream(0, 0, [0, 1, 2, 3], 2, 2)   # one micro-batch per prompt
@@ -148,9 +143,9 @@ def test_while_a_resize_waits_free_trainers_only_take_what_ends_in_time(backfill
     holdings = Holdings()
     rate = TrainRate()
     rate.add(1.0, 100)  # measured earlier in the step: 0.01 s per token
-    spent = clock.run(_session(_Orch(clock), 0, stream, holdings, trainers,  # type: ignore
-                               asyncio.Event(), lambda: stop[0],
-                               rate if backfill else None))
+    spent = clock.run(train_session(clock, _Events(), 0, stream, holdings,  # type: ignore
+                                    trainers, asyncio.Event(), lambda: stop[0],  # type: ignore
+                                    rate if backfill else None))
     assert clock.now() == pytest.approx(1.0)      # the resize waited for m0 only
     assert trainers[0].took == [0]
     assert trainers[1].took == ([1, 2] if backfill else [1])   # m3 would end at 2.1 s

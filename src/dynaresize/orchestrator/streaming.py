@@ -1,6 +1,6 @@
-"""The orchestrator's streaming training path (see `dynaresize.stream`).
+"""The train loop's streaming path (see `dynaresize.stream`): `StreamTrainer`.
 
-`accumulate(orch, step, stream, holdings)` runs sessions: take the train lock; every training
+`accumulate(step, stream, holdings)` runs sessions: take the train lock; every training
 device pulls the next ready, not yet held micro-batch whenever it is free and accumulates it
 (`Device.train_accumulate`: it computes and holds that micro-batch's gradients) and parks
 while none is ready; the session ends when every micro-batch is held or a resize waits for
@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dynaresize.orchestrator.boundary import OptimizerBoundary
+from dynaresize.orchestrator.state import RunState
+from dynaresize.protocols import Clock, Device
+from dynaresize.rundir import RunDir
 from dynaresize.stream import Holdings, StepStream
-
-if TYPE_CHECKING:
-    from dynaresize.orchestrator import Orchestrator
-    from dynaresize.protocols import Device
 
 
 class TrainRate:
@@ -44,9 +44,9 @@ class TrainRate:
         return self.seconds / self.tokens * tokens if self.tokens else None
 
 
-async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: Holdings,
-                   trainers: list[Device], changed: asyncio.Event,
-                   stop: Callable[[], bool], rate: TrainRate | None = None) -> float:
+async def train_session(clock: Clock, rundir: RunDir, step: int, stream: StepStream,
+                        holdings: Holdings, trainers: list[Device], changed: asyncio.Event,
+                        stop: Callable[[], bool], rate: TrainRate | None = None) -> float:
     """Every trainer pulls the next ready, unheld micro-batch as soon as it is free (no
     lock-step rounds: micro-batches differ a lot in length) and parks when none is ready,
     until every micro-batch is held or `stop()` (a resize waits for the boundary; it sets
@@ -67,7 +67,7 @@ async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: 
         waits: expected to end before the last micro-batch in flight does."""
         if rate is None or not ends_s:
             return None
-        deadline_s, now_s, ready = max(ends_s.values()), orch.clock.now(), stream.ready
+        deadline_s, now_s, ready = max(ends_s.values()), clock.now(), stream.ready
         for i in range(takeable(), len(ready)):
             m = ready[i]
             if m in holdings.held_by or m in taken:
@@ -120,18 +120,18 @@ async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: 
             m = stream.ready[i]
             taken.add(m)
             tokens = stream.micro_batch_tokens(m)
-            t0 = orch.clock.now()
+            t0 = clock.now()
             expected_s = rate.estimate_s(tokens) if rate is not None else None
             if expected_s is not None:
                 ends_s[device.index] = t0 + expected_s
             await device.train_accumulate(step, [(m, stream.micro_batch(m))])
-            t1 = orch.clock.now()
+            t1 = clock.now()
             ends_s.pop(device.index, None)
             if rate is not None:
                 rate.add(t1 - t0, tokens)
             holdings.held_by[m] = device.index
             busy_s[0] += t1 - t0
-            orch.rundir.event(t0, t1, device.index, "train", critical=True, step=step)
+            rundir.event(t0, t1, device.index, "train", critical=True, step=step)
 
     watcher = asyncio.ensure_future(watch())
     try:
@@ -142,36 +142,48 @@ async def _session(orch: Orchestrator, step: int, stream: StepStream, holdings: 
     return busy_s[0]
 
 
-async def accumulate(orch: Orchestrator, step: int, stream: StepStream, holdings: Holdings,
-                     changed: asyncio.Event) -> float:
-    """Sessions until every micro-batch of `step` is held (module docstring); returns the
-    device-seconds spent. `changed` is set whenever micro-batches become ready and whenever
-    a resize starts waiting for the train lock."""
-    device_s = 0.0
-    rate = TrainRate()
-    while holdings.todo(stream.ready) or not stream.complete:
-        async with orch.train_lock:
-            trainers = orch.train_devices()
-            holdings.drop_devices(d.index for d in trainers)
-            device_s += await _session(orch, step, stream, holdings, trainers, changed,
-                                       lambda: orch.resizes_waiting > 0, rate)
-    return device_s
+class StreamTrainer:
+    """Trains a streamed step: `accumulate` (sessions between resizes), then `finish`."""
 
+    def __init__(self, clock: Clock, rundir: RunDir, boundary: OptimizerBoundary,
+                 state: RunState, changed: asyncio.Event) -> None:
+        self.clock = clock
+        self.rundir = rundir
+        self.boundary = boundary
+        self.state = state
+        self.changed = changed
+        """Set whenever micro-batches become ready and whenever a resize starts waiting for
+        the train lock (`StepBoard.changed`)."""
 
-async def finish(orch: Orchestrator, trainers: list[Device], step: int, stream: StepStream,
-                 holdings: Holdings, global_tokens: int
-                 ) -> tuple[list[dict[str, float]], float, list[Any], float]:
-    """Under the train lock: recompute what left with departed devices, then the optimizer
-    step and the weight gather. Returns (stats, time training ended, handles, device-s)."""
-    holdings.drop_devices(d.index for d in trainers)
-    device_s = await _session(orch, step, stream, holdings, trainers, asyncio.Event(),
-                              lambda: False)
-    t0 = orch.clock.now()
-    stats = list(await asyncio.gather(*(d.train_finish(step, stream.num_micro_batches,
-                                                       global_tokens) for d in trainers)))
-    t1 = orch.clock.now()
-    for d in trainers:
-        orch.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
-    handles = list(await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers)))
-    holdings.held_by.clear()
-    return stats, t1, handles, device_s + (t1 - t0) * len(trainers)
+    async def accumulate(self, step: int, stream: StepStream, holdings: Holdings) -> float:
+        """Sessions until every micro-batch of `step` is held (module docstring); returns the
+        device-seconds spent."""
+        device_s = 0.0
+        rate = TrainRate()
+        boundary = self.boundary
+        while holdings.todo(stream.ready) or not stream.complete:
+            async with boundary.lock:
+                trainers = self.state.train_devices()
+                holdings.drop_devices(d.index for d in trainers)
+                device_s += await train_session(self.clock, self.rundir, step, stream,
+                                                holdings, trainers, self.changed,
+                                                boundary.resize_waits, rate)
+        return device_s
+
+    async def finish(self, trainers: list[Device], step: int, stream: StepStream,
+                     holdings: Holdings, global_tokens: int
+                     ) -> tuple[list[dict[str, float]], float, list[Any], float]:
+        """Under the train lock: recompute what left with departed devices, then the optimizer
+        step and the weight gather. Returns (stats, time training ended, handles, device-s)."""
+        holdings.drop_devices(d.index for d in trainers)
+        device_s = await train_session(self.clock, self.rundir, step, stream, holdings,
+                                       trainers, asyncio.Event(), lambda: False)
+        t0 = self.clock.now()
+        stats = list(await asyncio.gather(*(d.train_finish(step, stream.num_micro_batches,
+                                                           global_tokens) for d in trainers)))
+        t1 = self.clock.now()
+        for d in trainers:
+            self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
+        handles = list(await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers)))
+        holdings.held_by.clear()
+        return stats, t1, handles, device_s + (t1 - t0) * len(trainers)

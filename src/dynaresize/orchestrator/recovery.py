@@ -33,21 +33,67 @@ failed resize had stopped are brought back to serving.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from dynaresize.types import Role
+from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.plain_step import PlainStep
+from dynaresize.orchestrator.state import RunState
+from dynaresize.protocols import Clock
+from dynaresize.resize.executor import ResizeExecutor
+from dynaresize.rundir import RunDir
+
+
+class DeviceFaults(Protocol):
+    """What recovery needs from a backend that can lose devices (the Ray device pool)."""
+
+    def is_alive(self, index: int) -> bool: ...
+
+    def new_store(self) -> int | str: ...
+    """A fresh rendezvous for rebuilding the world."""
+
+
+class NullRecovery:
+    """Recovery off (a backend that cannot lose devices): every device error propagates."""
+
+    enabled = False
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        """Always empty (the same field as `Recovery.records`)."""
+
+    def retain(self, step: int, got: Any) -> None:
+        return None
+
+    def checkpointed(self, num_steps: int, train_path: str) -> None:
+        return None
+
+    def on_rollout_lost(self, device: Any, exc: BaseException) -> bool:
+        return False
+
+    def find_dead(self, how: str) -> bool:
+        return False
+
+    async def repair(self) -> None:
+        return None
 
 
 class Recovery:
-    """Driver-side fault handling for one run (see module docstring). `is_alive(index)` and
-    `new_store()` come from the backend (process table; a fresh rendezvous)."""
+    """Driver-side fault handling for one run (see module docstring). `faults.is_alive(index)`
+    and `faults.new_store()` come from the backend (process table; a fresh rendezvous)."""
 
-    def __init__(self, orch: Any, is_alive: Callable[[int], bool],
-                 new_store: Callable[[], int | str]) -> None:
-        self.orch = orch
-        self.is_alive = is_alive
-        self.new_store = new_store
+    enabled = True
+
+    def __init__(self, faults: DeviceFaults, state: RunState, engines: EnginePool,
+                 executor: ResizeExecutor, stepper: PlainStep, clock: Clock,
+                 rundir: RunDir) -> None:
+        self.is_alive = faults.is_alive
+        self.new_store = faults.new_store
+        self.state = state
+        self.engines = engines
+        self.executor = executor
+        self.stepper = stepper
+        self.clock = clock
+        self.rundir = rundir
         self.lost: list[int] = []
         self.world_stale = False
         self.train_state_lost = False
@@ -69,17 +115,17 @@ class Recovery:
     def _fence(self, index: int, how: str) -> None:
         if index in self.lost:
             return
-        orch = self.orch
-        if index in orch.allocation.train:
+        state = self.state
+        if index in state.allocation.train:
             self.train_state_lost = True
-        role = orch.allocation.roles[index].value
+        role = state.allocation.roles[index].value
         self.lost.append(index)
-        orch.executor.lost.add(index)
+        self.executor.lost.add(index)
         self.world_stale = True
-        orch.allocation = orch.allocation.with_roles({index: Role.IDLE})
-        now = orch.clock.now()
+        state.fence(index)
+        now = self.clock.now()
         self.records.append({"device": index, "role": role, "how": how, "t_s": now})
-        orch.rundir.event(now, now, index, "fault", critical=True, role=role, how=how)
+        self.rundir.event(now, now, index, "fault", critical=True, role=role, how=how)
 
     # ------------------------------------------------------------------ detection
     def on_rollout_lost(self, device: Any, exc: BaseException) -> bool:
@@ -87,13 +133,13 @@ class Recovery:
         if self.is_alive(device.index):
             return False
         self._fence(device.index, f"{type(exc).__name__} during rollout")
-        run = self.orch._run
+        run = self.engines.run
         self.records[-1]["rerun_requests"] = run.num_rerun if run is not None else 0
         return True
 
     def find_dead(self, how: str) -> bool:
         """Fence every device whose process is gone; True if any (new or not yet repaired)."""
-        for d in self.orch.devices:
+        for d in self.state.devices:
             if d.index not in self.lost and not self.is_alive(d.index):
                 self._fence(d.index, how)
         return self.world_stale
@@ -103,24 +149,25 @@ class Recovery:
         """At an optimizer-step boundary (train lock held): world, trainers, rollout pool."""
         if not self.world_stale:
             return
-        orch = self.orch
-        if not orch.allocation.train or not orch.allocation.rollout:
-            raise RuntimeError(f"device deaths {self.lost} left {orch.allocation.describe()}; "
+        state = self.state
+        if not state.allocation.train or not state.allocation.rollout:
+            raise RuntimeError(f"device deaths {self.lost} left "
+                               f"{state.allocation.describe()}; "
                                "each pool needs at least one device")
-        t0 = orch.clock.now()
-        survivors = [d for d in orch.devices if d.index not in self.lost]
+        t0 = self.clock.now()
+        survivors = [d for d in state.devices if d.index not in self.lost]
         ranks = {d.index: r for r, d in enumerate(survivors)}
         store = self.new_store()
         restore = self.train_state_lost
-        await asyncio.gather(*(d.rebuild_world(store, ranks, orch.allocation.train,
-                                               orch._optimizer_step, not restore)
+        await asyncio.gather(*(d.rebuild_world(store, ranks, state.allocation.train,
+                                               state.optimizer_step, not restore)
                                for d in survivors))
         num_replayed = await self._restore_train_state() if restore else 0
         await self._serve_again()
-        t1 = orch.clock.now()
+        t1 = self.clock.now()
         self.world_stale = self.train_state_lost = False
         for d in survivors:
-            orch.rundir.event(t0, t1, d.index, "recovery", critical=True,
+            self.rundir.event(t0, t1, d.index, "recovery", critical=True,
                               lost=list(self.lost), replayed_steps=num_replayed,
                               restored=restore)
         self.records[-1].update(recovery_s=round(t1 - t0, 4), replayed_steps=num_replayed,
@@ -128,29 +175,29 @@ class Recovery:
 
     async def _restore_train_state(self) -> int:
         """Recovery point + replay; returns the number of optimizer steps replayed."""
-        orch = self.orch
-        trainers = orch._train_devices()
+        trainers = self.state.train_devices()
+        optimizer_step = self.state.optimizer_step
         start = 0
         if self._train_point is not None:
             start, path = self._train_point
             await asyncio.gather(*(d.load_checkpoint(path, start) for d in trainers))
-        missing = [k for k in range(start, orch._optimizer_step) if k not in self._retained]
+        missing = [k for k in range(start, optimizer_step) if k not in self._retained]
         if missing:
             raise RuntimeError(f"cannot replay steps {missing}: their samples were not kept")
-        for step in range(start, orch._optimizer_step):
-            await orch._train_once(trainers, step, self._retained[step])
-        return orch._optimizer_step - start
+        for step in range(start, optimizer_step):
+            await self.stepper.run(trainers, step, self._retained[step])
+        return optimizer_step - start
 
     async def _serve_again(self) -> None:
         """Rollout devices the running step lost track of (a failed resize) serve again."""
-        orch = self.orch
-        run = orch._run
+        engines = self.engines
+        run = engines.run
         if run is None:
             return
-        serving = set(run.devices()) | orch.tail_busy()  # pipelined: busy elsewhere
-        for d in orch._rollout_devices():
+        serving = set(run.devices()) | engines.tail_busy()  # pipelined: busy elsewhere
+        for d in engines.rollout_devices():
             if d.index not in serving:
-                version, handle = orch.current_weights()
+                version, handle = engines.current_weights()
                 await d.alloc_kv()
                 await d.load_weights(version, handle)
-                orch.start_serving(d)
+                engines.start_serving(d)

@@ -1,0 +1,124 @@
+"""The checkpointer: saves at the optimizer-step boundary and restores on resume (the files
+and their format: `dynaresize.checkpoint`). `NullCheckpointer` when checkpoints are off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dynaresize.checkpoint import CKPT_DIR, LATEST, STATE_FILE, CheckpointState, checkpoint_dir
+from dynaresize.config import Config
+from dynaresize.orchestrator.state import RunState
+from dynaresize.protocols import Clock
+from dynaresize.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """Where and how often a run checkpoints. `weight_io` moves full weights between a
+    WeightHandle and a file (Ray + torch on the real backend): `save(handle, path)`
+    (blocking; run in a thread), `load(path) -> handle`."""
+
+    run_dir: str | os.PathLike[str]
+    every: int
+    weight_io: Any
+
+
+class NullCheckpointer:
+    """Checkpoints off: never due, nothing to drain."""
+
+    num_saved = 0
+
+    def due(self, num_steps: int) -> bool:
+        return False
+
+    async def save(self, num_steps: int) -> str:
+        raise RuntimeError("checkpoints are off")
+
+    async def restore(self, path: Path, state: CheckpointState) -> str:
+        raise RuntimeError("checkpoints are off: nothing to resume from")
+
+    async def drain(self) -> None:
+        return None
+
+
+class Checkpointer:
+    """Saves checkpoints from the train loop and restores them on resume."""
+
+    def __init__(self, target: CheckpointTarget, cfg: Config, state: RunState, clock: Clock,
+                 rundir: RunDir) -> None:
+        self.run_dir = Path(target.run_dir)
+        self.every = target.every
+        self.weight_io = target.weight_io
+        self.cfg = cfg
+        self.state = state
+        self.clock = clock
+        self.rundir = rundir
+        self.num_saved = 0
+        self._pending: list[asyncio.Future[None]] = []
+
+    def due(self, num_steps: int) -> bool:
+        return self.every > 0 and num_steps % self.every == 0
+
+    async def save(self, num_steps: int) -> str:
+        """At the boundary after `num_steps` steps (train lock held): the DCP save is a
+        collective of the training group; the rest finishes in the background. Returns the
+        DCP directory (complete on return: a recovery point, see `recovery`)."""
+        path = checkpoint_dir(self.run_dir, num_steps)
+        path.mkdir(parents=True, exist_ok=True)
+        t0 = self.clock.now()
+        trainers = self.state.train_devices()
+        stats = await asyncio.gather(*(d.save_checkpoint(str(path / "train")) for d in trainers))
+        t1 = self.clock.now()
+        num_bytes = int(max(s.get("checkpoint_bytes", 0) for s in stats))
+        for i, d in enumerate(trainers):  # the files' bytes, counted once
+            self.rundir.event(t0, t1, d.index, "checkpoint", critical=True,
+                              num_bytes=num_bytes if i == 0 else 0, step=num_steps - 1)
+        cfg = self.cfg
+        state = CheckpointState(num_steps, cfg.run.seed, cfg.run.staleness,
+                                [r.value for r in self.state.allocation.roles])
+        handles: dict[int, Any] = {}
+        for version in range(max(0, num_steps - cfg.run.staleness), num_steps):
+            if version > 0:
+                handles[version] = self.state.versions.get(version)
+                state.weight_files[str(version)] = f"weights-v{version}.pt"
+        self._pending.append(asyncio.ensure_future(self._finish(path, state, handles)))
+        return str(path / "train")
+
+    async def _finish(self, path: Path, state: CheckpointState, handles: dict[int, Any]) -> None:
+        for version, handle in handles.items():
+            await asyncio.to_thread(self.weight_io.save, handle,
+                                    path / state.weight_files[str(version)])
+        (path / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+        tmp = self.run_dir / CKPT_DIR / (LATEST + ".tmp")
+        tmp.write_text(path.name + "\n")
+        os.replace(tmp, self.run_dir / CKPT_DIR / LATEST)
+        self.num_saved += 1
+
+    async def drain(self) -> None:
+        """Wait for background writes (end of run)."""
+        pending, self._pending = self._pending, []
+        await asyncio.gather(*pending)
+
+    async def restore(self, path: Path, state: CheckpointState) -> str:
+        """Load the DCP state into the (new) training group and publish the versions the next
+        rollouts need: K - 1 from its file (staleness 1), K from the loaded trainers."""
+        k = state.num_steps
+        t0 = self.clock.now()
+        trainers = self.state.train_devices()
+        await asyncio.gather(*(d.load_checkpoint(str(path / state.train_dir), k)
+                               for d in trainers))
+        versions = self.state.versions
+        for version_text, name in sorted(state.weight_files.items(), key=lambda kv: int(kv[0])):
+            handle = await asyncio.to_thread(self.weight_io.load, path / name)
+            await versions.publish(int(version_text), handle)
+        handles = await asyncio.gather(*(d.publish_weights(k) for d in trainers))
+        await versions.publish(k, handles[0])
+        t1 = self.clock.now()
+        for d in trainers:
+            self.rundir.event(t0, t1, d.index, "restore", critical=True, step=k)
+        return str(path / state.train_dir)

@@ -1,0 +1,223 @@
+"""The engine pool: which rollout engines serve which step, and with which version.
+
+It owns the engines' loaded versions, the newest step's run (`run`) and, with pipelined
+rollouts, the previous step's tail (`tail_run`) and the engines on their way from it to the
+newest run; the devices a resize is taking out of the rollout (`leaving`) and the training
+devices serving before their resize commits (`serving_early`). The rollout loop drives it
+(`start_run`, `keep_tail`, `end_run`); the resize executor calls its hooks
+(`stop_admission`, `requeue`, `start_serving`, `current_weights`).
+
+Invariant: an engine joins a run only once it serves that run's version, and every rollout
+device not in transit is in the running step's run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dynaresize.orchestrator.background import Background
+from dynaresize.orchestrator.state import RunState
+from dynaresize.protocols import Clock, Device, WeightHandle
+from dynaresize.rollout.scheduler import RolloutRun
+from dynaresize.rundir import RunDir
+
+
+class EnginePool:
+    def __init__(self, state: RunState, clock: Clock, rundir: RunDir,
+                 background: Background) -> None:
+        self.state = state
+        self.clock = clock
+        self.rundir = rundir
+        self.background = background
+        self.engine_version = {d.index: 0 for d in state.devices}
+        self.run: RolloutRun | None = None
+        """The newest step's rollout (what controllers see and resizes act on)."""
+        self.tail_run: RolloutRun | None = None
+        """The previous step's rollout while its tail still runs (pipelined only)."""
+        self._tail_devices: set[int] = set()
+        """Devices still in `tail_run` or on their way from it to the newest run."""
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self.leaving: set[int] = set()
+        """rollout → train devices stopped by a resize in progress: no new rollout work."""
+        self.serving_early: set[int] = set()
+        """train → rollout devices serving before their resize committed."""
+        self._served_version = 0
+
+    # ------------------------------------------------------------------ the pool
+    def rollout_devices(self) -> list[Device]:
+        """The rollout pool, plus devices that serve ahead of their resize's commit, minus
+        devices on their way to training (stopped, not yet committed)."""
+        indices = sorted((set(self.state.allocation.rollout) | self.serving_early)
+                         - self.leaving)
+        return [self.state.devices[i] for i in indices]
+
+    def num_rollout_devices(self) -> int:
+        """len(self.rollout_devices()) in O(1): devices serving early are training devices,
+        devices leaving are rollout devices."""
+        return len(self.state.allocation.rollout) + len(self.serving_early) - len(self.leaving)
+
+    async def settle(self) -> None:
+        """Return once a single step rolls out (no previous tail, no engine in transit)."""
+        while self.tail_run is not None or self._tail_devices:
+            self._settled.clear()
+            await self._settled.wait()
+
+    def tail_busy(self) -> set[int]:
+        """Rollout devices the previous step's tail still holds or that are on their way
+        from it to the newest run (pipelined; empty otherwise)."""
+        busy = set(self._tail_devices)
+        if self.tail_run is not None:
+            busy.update(self.tail_run.devices())
+        return busy
+
+    def _check_settled(self) -> None:
+        if self.tail_run is None and not self._tail_devices:
+            self._settled.set()
+
+    # ------------------------------------------------------------------ runs (rollout loop)
+    def start_run(self, run: RolloutRun) -> None:
+        """`run` is the newest step's (its engines are added by the rollout loop)."""
+        self.run = run
+
+    def hand_off_tail(self) -> None:
+        """The previous tail's engines join the newest run as they empty."""
+        if self.tail_run is not None:
+            self.tail_run.hand_off(self.join_newest)
+
+    def keep_tail(self, run: RolloutRun) -> None:
+        """The loop moves on while `run`'s tail finishes (pipelined)."""
+        self.tail_run = run
+
+    def end_run(self, run: RolloutRun) -> None:
+        """`run` finished: a tail's last engines go to the newest step."""
+        if self.tail_run is run:
+            for index in run.devices():
+                self.join_newest(self.state.devices[index])
+            self.tail_run = None
+            self._check_settled()
+        if self.run is run:
+            self.run = None
+
+    def adopt_free_engines(self, run: RolloutRun) -> None:
+        """Rollout devices in no run and not on their way to one join `run` (after loading its
+        version): those freed while its weights loaded, e.g. the previous step's last tail
+        engines when that run ended just before this one existed, or a device a resize
+        brought while no step rolled out."""
+        busy = self.tail_busy() | set(run.devices())
+        for device in self.rollout_devices():
+            if device.index not in busy:
+                self.join_newest(device)
+
+    def join_newest(self, device: Device) -> None:
+        """`RolloutRun.hand_off`'s callback: `device` left the previous step's tail."""
+        self._tail_devices.add(device.index)
+        self.background.spawn(self._move_to_newest(device))
+
+    async def _move_to_newest(self, device: Device) -> None:
+        """Load the newest step's version on `device` and add it to that step's run (if
+        that run ended meanwhile, the device waits, free, for the next one; if a resize took
+        it out meanwhile, it stays out)."""
+        try:
+            while True:
+                run = self.run
+                if run is None or run.finished.is_set() or device.index in self.leaving:
+                    return
+                if self.engine_version[device.index] != run.version:
+                    await self.load_version(run.version, self.state.versions.get(run.version),
+                                            [device])
+                if self.run is run and not run.finished.is_set() \
+                        and device.index not in self.leaving:
+                    run.add_devices([device])
+                    return
+        finally:
+            self._tail_devices.discard(device.index)
+            self._check_settled()
+
+    def rescue_tail(self, tail: RolloutRun, version: int, lost_index: int) -> None:
+        """The previous step lost its last engine (`lost_index`) with requests left."""
+        token = -1 - lost_index
+        self._tail_devices.add(token)  # no resize until it is rescued
+        self.background.spawn(self._rescue_tail(tail, version, token))
+
+    async def _rescue_tail(self, tail: RolloutRun, version: int, token: int) -> None:
+        """The newest step's highest-index engine leaves it (its requests migrate to the
+        others), loads the previous version and finishes the previous step's requests."""
+        try:
+            newest = self.run
+            donors = newest.devices() if newest is not None else []
+            if not donors:
+                raise RuntimeError(f"step {self.state.step - 1}'s last rollout engine died "
+                                   "and no engine is left to finish its requests")
+            device = self.state.devices[donors[-1]]
+            await newest.stop_admission(device)  # type: ignore[union-attr]
+            newest.requeue(device, await device.export_inflight())  # type: ignore[union-attr]
+            await self.load_version(version, self.state.versions.get(version), [device])
+            tail.add_devices([device])
+        finally:
+            self._tail_devices.discard(token)
+            self._check_settled()
+
+    async def load_version(self, version: int, handle: WeightHandle,
+                           engines: list[Device]) -> None:
+        stale = [d for d in engines if self.engine_version[d.index] != version]
+        if not stale:
+            return
+        t0 = self.clock.now()
+        if len(stale) == 1:  # an engine joining from the previous tail (the common case)
+            await stale[0].load_weights(version, handle)
+        else:
+            await asyncio.gather(*(d.load_weights(version, handle) for d in stale))
+        t1 = self.clock.now()
+        for d in stale:
+            self.engine_version[d.index] = version
+            self.rundir.event(t0, t1, d.index, "load_weights", critical=True, version=version)
+
+    # ------------------------------------------------------------------ resize hooks
+    async def stop_admission(self, device: Device) -> None:
+        self.leaving.add(device.index)
+        if self.run is not None:
+            await self.run.stop_admission(device)
+
+    def requeue(self, device: Device, exported: list[Any]) -> None:
+        if self.run is not None:
+            self.run.requeue(device, exported)
+        else:
+            assert not exported, "requests in flight outside a rollout step"
+
+    def start_serving(self, device: Device) -> None:
+        """A device the resize loaded with `current_weights` joins the running rollout. If the
+        rollout loop moved on to a step that needs another version meanwhile (pipelined
+        rollouts: the next step's run may start while a resize loads weights), the device
+        first loads that version (`join_newest`), as an engine leaving a tail does."""
+        self.leaving.discard(device.index)
+        self.engine_version[device.index] = self._served_version
+        if device.index not in self.state.allocation.rollout:
+            self.serving_early.add(device.index)
+        run = self.run
+        if run is None:
+            return
+        if self._served_version == run.version:
+            run.add_devices([device])
+        else:
+            self.join_newest(device)
+
+    def current_weights(self) -> tuple[int, WeightHandle]:
+        """The version a device joining the rollout loads: the running step's; between runs
+        the step the rollout loop is at, or, if training ran ahead and the store dropped that
+        one meanwhile, the newest (the next step's run loads its own on stale engines)."""
+        run, versions = self.run, self.state.versions
+        if run is not None:  # every run the loop holds carries its version
+            version = run.version
+        else:
+            version = min(self.state.rollout_version, versions.latest)
+            if not versions.has(version):
+                version = versions.latest
+        self._served_version = version
+        return version, versions.get(version)
+
+    def forget_moved(self, to_rollout: tuple[int, ...], to_train: tuple[int, ...] = ()) -> None:
+        """A resize ended (committed or rolled back): its devices are in their pools."""
+        self.serving_early -= set(to_rollout)
+        self.leaving -= set(to_train)

@@ -1,0 +1,162 @@
+"""The orchestrator: the RL loop over Device objects and a Clock (DESIGN §3).
+
+```
+ start devices ─► join training group ─► (resume: restore the checkpoint)
+        │
+        ▼
+ RolloutLoop  (task 1)                          TrainLoop  (task 2)
+  for step k:                                    for step k:
+    wait version v = max(0, k - s) ◄──────┐        wait samples of B_k ◄─────┐
+    controller moves ─► Resizer           │        [streaming: micro-batches │
+    EnginePool loads v                    │         as groups complete]      │
+    RolloutRun: B_k × n requests          │        OptimizerBoundary (lock): │
+    rewards, advantages ─► StepBoard ─────┼───────► train_step on every rank │
+                                          │         publish_weights(k + 1) ──┘
+                                          └──────── RunState.versions[k + 1]
+ Resizer: waits for the OptimizerBoundary, runs ResizeExecutor (hooks: EnginePool)
+ Recovery / Checkpointer: at the boundary (null objects when off)
+```
+
+- **RolloutLoop** (`rollout_loop`) consumes prompt batches (seeded, a function of (seed,
+  step)); waits for the policy version its step needs (staleness `s`: 0 = on-policy, 1 =
+  one-step-off; fixed, not "up to s"); is unblocked by the train loop publishing version
+  k - s. It posts the step's completed, rewarded samples on the `StepBoard` (streaming: its
+  micro-batches as their groups complete).
+- **TrainLoop** (`train_loop`) consumes a step's samples from the board once every group is
+  complete, or, streaming (`dynaresize.stream`), its micro-batches as their groups complete;
+  waits for the train lock (`OptimizerBoundary`), which a resize may hold; is unblocked by the
+  rollout loop posting samples and by a resize releasing the lock. Publishing version k + 1
+  unblocks the rollout of step k + 1 + s.
+- **Resizer** (`resizer`; moves forced by `[[resize.schedule]]` or decided by a controller
+  over a `RunView`) consumes moves; waits until one step rolls out (`EnginePool.settle`)
+  and for the optimizer-step boundary; is unblocked by the train loop releasing the lock
+  between steps (a streamed step yields it between micro-batches, and the optimizer step
+  combines them in order whichever device held them). A rollout device that leaves mid-step
+  exports its requests, which finish elsewhere.
+- Shutdown: on success both loops return after `run.steps`; on failure (in a loop or in a
+  background task, `Background`) the first exception cancels the other loop, the run
+  directory keeps every record already written, and the exception propagates to the caller,
+  which owns (and stops) the devices.
+
+Components get their collaborators here, never the orchestrator; each piece of run state has
+one writer (`RunState` names them). The orchestrator never imports Ray or torch; SimDevice +
+VirtualClock run it unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dynaresize.allocation import Allocation
+from dynaresize.config import Config
+from dynaresize.controller import Controller, make_controller
+from dynaresize.faults import FaultInjector
+from dynaresize.orchestrator.background import Background
+from dynaresize.orchestrator.board import StepBoard
+from dynaresize.orchestrator.boundary import OptimizerBoundary
+from dynaresize.orchestrator.checkpoint import Checkpointer, CheckpointTarget, NullCheckpointer
+from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.plain_step import PlainStep
+from dynaresize.orchestrator.recovery import DeviceFaults, NullRecovery, Recovery
+from dynaresize.orchestrator.resizer import Resizer
+from dynaresize.orchestrator.rollout_loop import RolloutLoop
+from dynaresize.orchestrator.source import PromptSource
+from dynaresize.orchestrator.state import RunState
+from dynaresize.orchestrator.streaming import StreamTrainer
+from dynaresize.orchestrator.summary import run_summary
+from dynaresize.orchestrator.switch import NoSwitch, RoleSwitch
+from dynaresize.orchestrator.train_loop import TrainLoop
+from dynaresize.orchestrator.view import RunViews
+from dynaresize.protocols import Clock, Device
+from dynaresize.resize.executor import ResizeExecutor
+from dynaresize.resize.planner import Op
+from dynaresize.rundir import RunDir
+
+
+class Orchestrator:
+    """Wires the components for one run and runs the two loops (module docstring).
+
+    `faults`: a backend that can lose devices (`is_alive`, `new_store`) turns recovery on;
+    `checkpoints`: where and how often to checkpoint; `resume_from`: (checkpoint path,
+    CheckpointState) to continue from; `injector`: `[[faults.kill]]` (kills for real);
+    `fail_op(resize_index, op)`: failure injection into resizes (tests); `allocation` and
+    `switch`: colocated runs (every device in both pools, role switches between the loops;
+    default: the config's split, `NoSwitch`)."""
+
+    def __init__(self, cfg: Config, devices: Sequence[Device], clock: Clock,
+                 source: PromptSource, rundir: RunDir,
+                 on_step: Callable[[dict[str, Any]], None] | None = None,
+                 fail_op: Callable[[int, Op], bool] | None = None,
+                 controller: Controller | None = None,
+                 checkpoints: CheckpointTarget | None = None,
+                 resume_from: tuple[Any, Any] | None = None,
+                 faults: DeviceFaults | None = None, injector: FaultInjector | None = None,
+                 allocation: Any = None, switch: RoleSwitch | None = None) -> None:
+        if len(devices) != cfg.num_devices:
+            raise ValueError(f"config wants {cfg.num_devices} devices, got {len(devices)}")
+        self.cfg, self.clock, self.rundir = cfg, clock, rundir
+        self.resume_from = resume_from
+        self.state = state = RunState(
+            devices, allocation or Allocation.initial(cfg.allocation.num_rollout_devices,
+                                                      cfg.allocation.num_train_devices),
+            resume_from[1].num_steps if resume_from else 0)
+        switch = switch or NoSwitch()
+        self.versions = state.versions
+        self.board = board = StepBoard()
+        self.boundary = boundary = OptimizerBoundary(board.changed)
+        self.background = Background()
+        self.engines = engines = EnginePool(state, clock, rundir, self.background)
+        self.executor = ResizeExecutor(state.devices, clock, rundir, engines,
+                                       cfg.resize.staging_bytes, fail=fail_op)
+        stepper = PlainStep(cfg.train.micro_batch_size, clock, injector)
+        self.recovery: Recovery | NullRecovery = NullRecovery() if faults is None else \
+            Recovery(faults, state, engines, self.executor, stepper, clock, rundir)
+        self.checkpointer: Checkpointer | NullCheckpointer = NullCheckpointer() \
+            if checkpoints is None else Checkpointer(checkpoints, cfg, state, clock, rundir)
+        self.resizer = Resizer(state, boundary, engines, self.executor, self.recovery, clock)
+        controller = controller or make_controller(cfg)
+        self.streaming = bool(getattr(controller, "streams_training", False)
+                              and cfg.controller.stream_training and cfg.train.exact_reduction)
+        """Training streams over completed groups (`dynaresize.stream`)."""
+        self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
+                              and cfg.controller.pipeline_rollouts and injector is None)
+        """Step k + 1's rollout starts on the engines step k's tail has emptied."""
+        self.views = RunViews(state, engines, self.resizer, boundary, board, clock,
+                              cfg.run.staleness, self.pipelined,
+                              cfg.run.staleness == 0 and self.streaming)
+        self.rollout = RolloutLoop(cfg, state, board, engines, self.resizer, self.recovery,
+                                   controller, self.views, source, clock, rundir,
+                                   self.background, injector, self.streaming, self.pipelined,
+                                   switch)
+        self.train = TrainLoop(cfg, state, board, boundary, stepper,
+                               StreamTrainer(clock, rundir, boundary, state, board.changed),
+                               self.resizer, self.recovery, self.checkpointer, clock, rundir,
+                               on_step or (lambda record: None), self.streaming, switch)
+
+    async def run(self) -> dict[str, Any]:
+        state, clock = self.state, self.clock
+        t0 = clock.now()
+        await asyncio.gather(*(d.start() for d in state.devices))
+        members = state.allocation.train
+        await asyncio.gather(*(d.join_train_group(members, 0) for d in state.devices))
+        state.t_start_s = clock.now()
+        for d in state.devices:
+            self.rundir.event(t0, state.t_start_s, d.index, "start", critical=True)
+        if self.resume_from is not None:
+            train_path = await self.checkpointer.restore(*self.resume_from)
+            self.recovery.checkpointed(state.start_step, train_path)
+        failed = self.background.start()
+        tasks = [asyncio.ensure_future(self.rollout.run()),
+                 asyncio.ensure_future(self.train.run()), failed]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        await self.checkpointer.drain()
+        return await run_summary(state, self.resizer, clock, self.rundir,
+                                 self.cfg.global_batch_size)

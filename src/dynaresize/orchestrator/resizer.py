@@ -1,0 +1,111 @@
+"""The resizer: applies moves at the optimizer-step boundary (see `resize.executor`).
+
+`resize(move, n, step)` waits until one step rolls out (`EnginePool.settle`) and for the
+boundary (the train lock; streaming training yields it between micro-batches), plans the
+move, runs it through the executor (whose hooks are the engine pool's) and, if it committed,
+installs the new allocation. `resize_soon` starts one in the background. The resizer is the
+only writer of the resize ledger (reports, skipped moves, measured times, pending counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dynaresize.controller import Move
+from dynaresize.orchestrator.boundary import OptimizerBoundary
+from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.recovery import NullRecovery, Recovery
+from dynaresize.orchestrator.state import RunState
+from dynaresize.protocols import Clock
+from dynaresize.resize.executor import ResizeExecutor, ResizeReport
+from dynaresize.resize.planner import plan_resize, target_allocation
+
+
+class Resizer:
+    def __init__(self, state: RunState, boundary: OptimizerBoundary, engines: EnginePool,
+                 executor: ResizeExecutor, recovery: Recovery | NullRecovery,
+                 clock: Clock) -> None:
+        self.state = state
+        self.boundary = boundary
+        self.engines = engines
+        self.executor = executor
+        self.recovery = recovery
+        self.clock = clock
+        self.reports: list[ResizeReport] = []
+        self.skipped: list[str] = []
+        self.critical_s: list[float] = []
+        """Measured critical-path time of each committed resize (`RunView`)."""
+        self.wall_s: list[float] = []
+        """Measured wall time of each committed resize (`RunView`)."""
+        self.num_in_step: dict[int, int] = {}
+        """Committed resizes per step (the step's metric record)."""
+        self.num_pending = 0
+        """Controller moves started in the background and not yet done."""
+        self.num_requested = 0
+        """Resizes asked for and not yet done: no rollout pipelining meanwhile."""
+
+    def resize_soon(self, move: Move, step: int) -> asyncio.Future[Any]:
+        """Start a controller's move in the background (it waits for the next optimizer-step
+        boundary)."""
+        self.num_pending += 1
+
+        async def go() -> None:
+            try:
+                await self.resize(move.move, move.num_devices, step, move.idle_first)
+            finally:
+                self.num_pending -= 1
+
+        return asyncio.ensure_future(go())
+
+    async def resize(self, move: str, num_devices: int, step: int,
+                     idle_first: bool = False) -> ResizeReport | None:
+        """Move `num_devices` devices (`move`: 'rollout->train' | 'train->rollout') at the next
+        optimizer-step boundary; on failure the old allocation stays and the run goes on.
+        `idle_first`: rollout devices with no request left go first (`Move.idle_first`).
+        Returns None (and counts it as skipped) if the move would now empty a pool, e.g.
+        because an earlier forced resize was rolled back."""
+        self.num_requested += 1
+        try:
+            await self.engines.settle()  # one step rolls out: the hooks act on its run
+            await self.boundary.acquire_for_resize()
+        except BaseException:
+            self.num_requested -= 1
+            raise
+        try:
+            return await self._resize_at_boundary(move, num_devices, step, idle_first)
+        finally:
+            self.num_requested -= 1
+            self.boundary.release()
+
+    async def _resize_at_boundary(self, move: str, num_devices: int, step: int,
+                                  idle_first: bool) -> ResizeReport | None:
+        state, recovery, run = self.state, self.recovery, self.engines.run
+        try:
+            idle = tuple(run.idle_devices()) if idle_first and run else ()
+            target = target_allocation(state.allocation, move, num_devices, idle)
+        except ValueError as exc:
+            self.skipped.append(f"step {step}: {exc}")
+            return None
+        plan = plan_resize(state.allocation, target)
+        try:
+            await recovery.repair()
+            t_resize = self.clock.now()
+            report = await self.executor.execute(plan, state.optimizer_step)
+            t_resize = self.clock.now() - t_resize
+        except Exception as exc:  # the rollback itself met a dead device
+            self.engines.forget_moved(plan.to_rollout)
+            if not recovery.find_dead(f"died in resize at step {step}"):
+                raise
+            report = ResizeReport(self.executor.num_resizes - 1, False, 0.0, 0.0, 0.0,
+                                  error=f"{type(exc).__name__}: {exc}"[:300])
+        if recovery.find_dead(f"resize at step {step}"):
+            await recovery.repair()
+        self.engines.forget_moved(plan.to_rollout, plan.to_train)
+        if report.ok:
+            state.commit_allocation(plan.target)
+            self.critical_s.append(report.critical_path_s)
+            self.wall_s.append(t_resize)
+            self.num_in_step[step] = self.num_in_step.get(step, 0) + 1
+        self.reports.append(report)
+        return report

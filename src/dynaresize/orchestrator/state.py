@@ -1,0 +1,78 @@
+"""Run state shared by the orchestrator's components: published versions and the ledger of
+allocation, step and optimizer step. Each field names its one writer; every other component
+only reads it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from dynaresize.allocation import Allocation
+from dynaresize.controller import StepTiming
+from dynaresize.protocols import Device, WeightHandle
+from dynaresize.types import Role
+
+
+class VersionStore:
+    """Published policy versions: version → weight handle; waiters block until published."""
+
+    def __init__(self) -> None:
+        self._handles: dict[int, WeightHandle] = {0: None}
+        self.latest = 0
+        self._changed = asyncio.Condition()
+
+    async def publish(self, version: int, handle: WeightHandle) -> None:
+        async with self._changed:
+            self._handles[version] = handle
+            self.latest = max(self.latest, version)
+            for old in [v for v in self._handles if v < version - 1]:
+                del self._handles[old]
+            self._changed.notify_all()
+
+    async def wait(self, version: int) -> WeightHandle:
+        async with self._changed:
+            await self._changed.wait_for(lambda: version in self._handles)
+            return self._handles[version]
+
+    def get(self, version: int) -> WeightHandle:
+        return self._handles[version]
+
+    def has(self, version: int) -> bool:
+        """Whether `version` is still kept (the two newest are)."""
+        return version in self._handles
+
+
+class RunState:
+    """Where the run is. Writers: the allocation only through `commit_allocation` (the
+    resizer) and `fence` (recovery); `step`, `rollout_version`, `rollout_started_s`: the
+    rollout loop; `optimizer_step`, `history`, `train_end_s`: the train loop; `t_start_s`:
+    the orchestrator; `versions`: the train loop and the checkpointer (publish)."""
+
+    def __init__(self, devices: Sequence[Device], allocation: Allocation,
+                 start_step: int) -> None:
+        self.devices = list(devices)
+        self.versions = VersionStore()
+        self.allocation = allocation
+        self.start_step = start_step
+        """The first step this run executes (the checkpoint's, on resume)."""
+        self.step = 0
+        """The step the rollout loop is at."""
+        self.optimizer_step = start_step
+        """Optimizer steps taken (= the version the trainers hold)."""
+        self.rollout_version = 0
+        """The version the rollout loop's current step needs."""
+        self.rollout_started_s = 0.0
+        self.t_start_s = 0.0
+        self.history: list[StepTiming] = []
+        self.train_end_s: list[float] = []
+
+    def train_devices(self) -> list[Device]:
+        return [self.devices[i] for i in self.allocation.train]
+
+    def commit_allocation(self, allocation: Allocation) -> None:
+        """A resize committed (the resizer, at the optimizer-step boundary)."""
+        self.allocation = allocation
+
+    def fence(self, index: int) -> None:
+        """Device `index` died: no pool uses it again (recovery)."""
+        self.allocation = self.allocation.with_roles({index: Role.IDLE})

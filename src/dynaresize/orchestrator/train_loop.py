@@ -1,0 +1,123 @@
+"""The train loop (see the diagram in `dynaresize.orchestrator.orchestrator`).
+
+For each step: with streaming, accumulate its micro-batches as its groups complete
+(`StreamTrainer.accumulate`); then, under the train lock (the optimizer-step boundary),
+either finish the streamed step or run the plain step (`PlainStep`: `Device.train_step` on
+the dealt micro-batches), gather the weights and publish version k + 1. A device death
+mid-step is repaired (`Recovery`) and the step rerun the plain way; checkpoints are taken at
+the boundary (`Checkpointer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dynaresize.config import Config
+from dynaresize.controller import StepTiming
+from dynaresize.orchestrator.board import StepBoard
+from dynaresize.orchestrator.boundary import OptimizerBoundary
+from dynaresize.orchestrator.checkpoint import Checkpointer, NullCheckpointer
+from dynaresize.orchestrator.plain_step import PlainStep
+from dynaresize.orchestrator.recovery import NullRecovery, Recovery
+from dynaresize.orchestrator.resizer import Resizer
+from dynaresize.orchestrator.state import RunState
+from dynaresize.orchestrator.streaming import StreamTrainer
+from dynaresize.orchestrator.switch import RoleSwitch
+from dynaresize.protocols import Clock
+from dynaresize.rundir import RunDir
+from dynaresize.stream import Holdings
+from dynaresize.train.batching import global_num_tokens
+
+
+class TrainLoop:
+    def __init__(self, cfg: Config, state: RunState, board: StepBoard,
+                 boundary: OptimizerBoundary, stepper: PlainStep, streamer: StreamTrainer,
+                 resizer: Resizer, recovery: Recovery | NullRecovery,
+                 checkpointer: Checkpointer | NullCheckpointer, clock: Clock, rundir: RunDir,
+                 on_step: Callable[[dict[str, Any]], None], streaming: bool,
+                 switch: RoleSwitch) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.board = board
+        self.boundary = boundary
+        self.stepper = stepper
+        self.streamer = streamer
+        self.resizer = resizer
+        """Read only: the resizes each step committed (its metric record)."""
+        self.recovery = recovery
+        self.checkpointer = checkpointer
+        self.clock = clock
+        self.rundir = rundir
+        self.on_step = on_step
+        self.streaming = streaming
+        self.switch = switch
+
+    async def run(self) -> None:
+        """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
+        cfg, state, board, recovery = self.cfg, self.state, self.board, self.recovery
+        prev_end_s = state.t_start_s
+        for step in range(state.start_step, cfg.run.steps):
+            stream, holdings = None, Holdings()
+            accumulated_s = 0.0
+            if self.streaming:
+                stream = await board.stream(step)
+                board.hold(holdings, stream)
+                try:
+                    accumulated_s = await self.streamer.accumulate(step, stream, holdings)
+                except Exception:
+                    if not recovery.find_dead(f"died in train step {step}"):
+                        raise
+                    stream = None  # the plain path below reruns the step after the repair
+            got = await board.samples(step)
+            await self.switch.to_train(step)  # colocated: the engines become trainers
+            async with self.boundary.lock:
+                t0 = self.clock.now()  # streaming: train_s is what the rollout end waits for
+                while True:  # a device death mid-step: recover, then rerun the step
+                    try:
+                        await recovery.repair()
+                        trainers = state.train_devices()
+                        if stream is not None:
+                            stats, t1, handles, finish_s = await self.streamer.finish(
+                                trainers, step, stream, holdings, global_num_tokens(got.samples))
+                            train_device_s = accumulated_s + finish_s
+                        else:
+                            stats, t1, handles = await self.stepper.run(trainers, step, got, True)
+                            train_device_s = (self.clock.now() - t0) * len(trainers)
+                        break
+                    except Exception:
+                        if not recovery.find_dead(f"died in train step {step}"):
+                            raise
+                        stream = None  # rerun the whole step the plain way
+                t2 = self.clock.now()
+                state.optimizer_step += 1
+                recovery.retain(step, got)
+                if self.checkpointer.due(step + 1):
+                    await state.versions.publish(step + 1, handles[0])
+                    train_path = await self.checkpointer.save(step + 1)
+                    recovery.checkpointed(step + 1, train_path)
+            for d in trainers:
+                if stream is None:  # streaming wrote one event per micro-batch
+                    self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
+                self.rundir.event(t1, t2, d.index, "weight_sync", critical=True, step=step)
+            await state.versions.publish(step + 1, handles[0])
+            board.done(step)
+            record = {
+                "step": step, "reward_mean": round(got.reward_mean, 6),
+                "rollout_s": round(got.rollout_s, 4), "train_s": round(t2 - t0, 4),
+                "step_s": round(t2 - prev_end_s, 4),
+                "num_rollout_devices": len(state.allocation.rollout),
+                "num_train_devices": len(state.allocation.train),
+                "num_resizes": self.resizer.num_in_step.get(step, 0),
+                "tokens": got.num_tokens, "policy_version": got.version,
+                "loss": round(float(stats[0].get("loss", 0.0)), 6),
+            }
+            prev_end_s = t2
+            state.train_end_s.append(t2)
+            state.history.append(StepTiming(
+                step, got.rollout_s, t2 - t0, got.num_tokens,
+                board.take_width(step, len(state.allocation.rollout)), len(trainers),
+                train_device_s, got.rollout_device_s, got.rollout_tail_device_s,
+                got.ready_profile, got.response_cv))
+            self.rundir.metric(record)
+            self.on_step(record)
