@@ -167,8 +167,11 @@ async def finish(orch: Orchestrator, trainers: list[Device], step: int, stream: 
     device_s = await _session(orch, step, stream, holdings, trainers, asyncio.Event(),
                               lambda: False)
     t0 = orch.clock.now()
-    stats = list(await asyncio.gather(*(d.train_finish(step, stream.num_micro_batches,
-                                                       global_tokens) for d in trainers)))
+    finishing = asyncio.gather(*(d.train_finish(step, stream.num_micro_batches, global_tokens)
+                                 for d in trainers))
+    if orch.injector is not None:  # a `train` kill lands in the optimizer step, as unstreamed
+        await orch.injector.during_train(step)
+    stats = list(await finishing)
     t1 = orch.clock.now()
     for d in trainers:
         orch.rundir.event(t0, t1, d.index, "train", critical=True, step=step)

@@ -109,3 +109,14 @@ def test_device_dies_mid_resize(reference: dict, tmp_path: Path, victim: int) ->
     last = read_jsonl(tmp_path / "metrics.jsonl")[-1]
     survivors = (ROLLOUT - (victim < ROLLOUT), GPUS - ROLLOUT - (victim >= ROLLOUT))
     assert (last["num_rollout_devices"], last["num_train_devices"]) == survivors
+
+
+def test_trainer_dies_in_a_streamed_step(reference: dict, tmp_path: Path) -> None:
+    """hysteresis streams training (train_accumulate ... train_finish): the kill lands in the
+    step's train_finish; the step reruns unstreamed on the survivors."""
+    cfg = config({"device": 1000, "step": 1, "at": "train"})
+    cfg.controller.policy = "hysteresis"
+    sim, fault = run(tmp_path, cfg)
+    assert sim.orchestrator.streaming
+    assert sample_view(tmp_path) == reference
+    assert fault["device"] == 1000 and fault["restored"] and fault["replayed_steps"] == 1

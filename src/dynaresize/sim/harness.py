@@ -207,10 +207,11 @@ def run_config(cfg: Config, workload: Workload, costs: CostModel,
                 injector = _wire_recovery(orch, cfg, processes, clock)
             with no_gc():
                 summary = clock.run(_inline_io(orch.run()) if checkpointer else orch.run())
-            if injector is not None and (injector.fired or orch.recovery.records):
+            if injector is not None and (cfg.faults.kill or orch.recovery.records):
                 summary.update(num_faults=len(orch.recovery.records),
                                faults=orch.recovery.records,
-                               kills=[vars(f) for f in injector.fired])
+                               kills=[vars(f) for f in injector.fired],
+                               kills_not_fired=[vars(e) for e in injector.pending])
                 rundir.summary(summary)
         finally:
             rundir.close()
@@ -234,14 +235,15 @@ def results_row(policy: str, run: SimRun, split: dict[str, int] | None) -> dict[
 
 
 def fault_columns(summary: dict[str, Any]) -> dict[str, Any]:
-    """A faulty run's extra `results` keys: deaths, recovery time, replayed optimizer steps
-    (none for a run without faults, whose row stays as it was)."""
+    """A faulty run's extra `results` keys: deaths, recovery time, replayed optimizer steps,
+    entries that never fired (none for a run without faults, whose row stays as it was)."""
     if "faults" not in summary:
         return {}
     faults = summary["faults"]
     return {"num_faults": summary["num_faults"],
             "recovery_s": round(sum(f.get("recovery_s", 0.0) for f in faults), 4),
-            "replayed_steps": sum(f.get("replayed_steps", 0) for f in faults)}
+            "replayed_steps": sum(f.get("replayed_steps", 0) for f in faults),
+            "kills_not_fired": len(summary.get("kills_not_fired", []))}
 
 
 def workload_for_config(cfg: Config, name: str = "balanced") -> Workload:
