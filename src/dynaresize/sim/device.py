@@ -31,7 +31,7 @@ from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device_types import Lengths, SimCompletion, SimInflight, sorted_members
 from dynaresize.sim.engine import SimEngine
-from dynaresize.sim.faults import SimProcesses, SimStorage, fail_waits
+from dynaresize.sim.faults import DeviceDied, SimProcesses, SimStorage, fail_waits
 from dynaresize.sim.workloads import Workload
 from dynaresize.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 
@@ -70,7 +70,8 @@ class SimDevice:
         """Optimizer steps the training state of this rank holds (None: not a trainer)."""
         self._next_steps: int | None = None
         self.alive = True
-        self._death: BaseException = RuntimeError("alive")
+        self._death: BaseException = DeviceDied(f"simulated device {index} died")
+        """What its calls raise once it is dead (`die`)."""
         self._waits: set[Any] = set()
         """Pending virtual-time waits of this device's ops: a kill fails them."""
         self._collective_waits: set[Any] = set()
@@ -108,8 +109,10 @@ class SimDevice:
         wait = self._wait(seconds)
         waits = self._collective_waits if collective else self._waits
         waits.add(wait)
-        await wait
-        waits.discard(wait)
+        try:
+            await wait
+        finally:  # a cancelled op forgets its wait too
+            waits.discard(wait)
         if not self.alive:
             raise self._death
 
@@ -135,9 +138,12 @@ class SimDevice:
         done, elapsed_s = self.engine.run(max_s, until_empty, self.version)
         self.busy_s += elapsed_s
         wait = self._wait(elapsed_s)  # `_spend` inlined (the hot path)
-        self._waits.add(wait)
-        await wait
-        self._waits.discard(wait)
+        waits = self._waits
+        waits.add(wait)
+        try:
+            await wait
+        finally:
+            waits.discard(wait)
         if not self.alive:
             raise self._death
         return done
