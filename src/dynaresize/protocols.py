@@ -12,10 +12,12 @@ roles over a run; each role's ops form one protocol, so a component can name the
 - `ResizeOps`: the fine-grained ops of a resize (DESIGN §4), run by `resize.executor`;
 - `RecoveryOps`: checkpoints and a new world after a device death (`recovery`, `checkpoint`).
 
-`Device` is all four (what the orchestrator holds). It lists every member again instead of
-inheriting from the four (a class with several project bases reads as a mixin here);
-tests/unit/test_protocols.py checks that it is exactly their union, signature for signature,
-and that `RayDevice` and `SimDevice` implement every op with the same signature.
+`ProcessTable` (kill, is_alive, new_store) is the backend's view of the device processes that
+fault injection and recovery ask besides the devices. `Device` is all four role protocols
+(what the orchestrator holds). It lists every member again instead of inheriting from the
+four (a class with several project bases reads as a mixin here); tests/unit/test_protocols.py
+checks that it is exactly their union, signature for signature, and that `RayDevice` and
+`SimDevice` implement every op (`DevicePool` and `SimProcesses` the `ProcessTable`).
 """
 
 from __future__ import annotations
@@ -250,6 +252,25 @@ class Device(DeviceSlot, Protocol):
     async def rebuild_world(self, store: int | str, ranks: dict[int, int],
                             train_members: tuple[int, ...], optimizer_step: int,
                             keep_train_state: bool) -> None: ...
+
+
+@runtime_checkable
+class ProcessTable(Protocol):
+    """The backend's view of its device processes, what fault injection and recovery ask
+    besides the devices (`DevicePool` for Ray, `sim.faults.SimProcesses` for the twin)."""
+
+    def kill(self, index: int) -> None:
+        """Kill device `index`'s process now (fault injection)."""
+        ...
+
+    def is_alive(self, index: int) -> bool:
+        """Whether device `index`'s process still runs (recovery: a failed call on a live
+        device is a bug, not a fault)."""
+        ...
+
+    def new_store(self) -> int | str:
+        """A fresh rendezvous for `RecoveryOps.rebuild_world`."""
+        ...
 
 
 ROLE_PROTOCOLS = (RolloutOps, TrainOps, ResizeOps, RecoveryOps)

@@ -57,6 +57,23 @@ def test_backends_implement_every_op(cls: type) -> None:
         assert shape(inspect.signature(method)) == shape(sig), f"{cls.__name__}.{name}"
 
 
+def test_process_tables_implement_the_protocol() -> None:
+    from dynaresize.protocols import ProcessTable
+    from dynaresize.sim.faults import SimProcesses
+
+    tables: list[type] = [SimProcesses]
+    try:
+        from dynaresize.devices.ray_device import DevicePool
+        tables.append(DevicePool)
+    except ImportError:
+        pass
+    for cls in tables:
+        for name, sig in ops(ProcessTable).items():
+            method = getattr(cls, name)
+            assert not inspect.iscoroutinefunction(method), f"{cls.__name__}.{name}"
+            assert shape(inspect.signature(method)) == shape(sig), f"{cls.__name__}.{name}"
+
+
 class Recording:
     """A device that records which of its attributes the run uses."""
 
