@@ -1,4 +1,4 @@
-"""Fault injection: `[[faults.kill]]` entries kill device processes for real (tests, drills).
+"""Fault injection: `[[faults.kill]]` entries kill devices (tests, drills, the twin).
 
 ```toml
 [[faults.kill]]
@@ -14,8 +14,9 @@ at = "rollout:0.3"  # once 30% of the step's requests finished | "train" | "resi
 - `resize`: fires inside the first resize of step `step`, right after its `join_group` op
   (before `reshard`, so the resize is mid-way and must roll back).
 
-The injector only decides *when*; `kill(device)` is the backend's (RayDevice: SIGKILL of the
-actor's process). Recovery is `recovery.Recovery`'s job. Each entry fires once.
+The injector only decides *when*; `kill(device)` is the backend's (`DevicePool.kill`: SIGKILL
+of the actor's process; the twin's `sim.faults.SimProcesses.kill`: a simulated death, in
+virtual time). Recovery is `recovery.Recovery`'s job. Each entry fires once.
 """
 
 from __future__ import annotations
@@ -80,3 +81,8 @@ class FaultInjector:
     @property
     def num_pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def pending(self) -> list[KillEntry]:
+        """Entries that have not fired (e.g. a `resize` kill in a step without a resize)."""
+        return list(self._pending)

@@ -227,7 +227,7 @@ def test_pipelined_tail_whose_last_engine_dies_is_finished_by_the_newest_step(
     orig_init = orch_mod.Orchestrator.__init__
 
     def init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        orig_init(self, *args, faults=SimpleNamespace(), **kwargs)
+        orig_init(self, *args, **{**kwargs, "faults": SimpleNamespace()})
         orch_box.append(self)
 
     monkeypatch.setattr(orch_mod, "Recovery", _DeathsOnly)

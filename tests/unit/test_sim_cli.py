@@ -61,6 +61,42 @@ def test_simulate_bad_input_exits_2(capsys: pytest.CaptureFixture[str], argv: li
     assert needle in err and "Traceback" not in err
 
 
+def test_simulate_runs_faults_from_a_train_config(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    config = tmp_path / "train.toml"  # a live config: its other sections are not the twin's
+    config.write_text("[run]\nsteps = 9\ncheckpoint_every = 1\n[model]\nname = 'tiny'\n"
+                      "[[faults.kill]]\ndevice = 5\nstep = 1\nat = 'train'\n")
+    code, out, _ = run(capsys, "simulate", *SMALL, "--split", "3", "--config", str(config),
+                       "--json", "--out", str(tmp_path / "out"))
+    assert code == 0
+    rows = json.loads(out)["results"]
+    assert [r["policy"] for r in rows] == ["static", "borrow", "hysteresis"]  # no oracle
+    assert all(r["num_faults"] == 1 and r["replayed_steps"] == 0 for r in rows)
+    summary = json.loads((tmp_path / "out" / "static" / "summary.json").read_text())
+    assert summary["kills"][0]["device"] == 5 and summary["faults"][0]["restored"]
+    assert (tmp_path / "out" / "static" / "checkpoints" / "latest").is_file()
+    code, out, _ = run(capsys, "simulate", *SMALL, "--split", "3", "--policy", "static",
+                       "--set", "faults.kill=[{device=0, step=0, at='rollout:0.5'}]")
+    assert code == 0 and "static: 1 device death(s)" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--set", "faults.kill=[{device=6, step=0, at='train'}]"], "faults.kill[0].device = 6"),
+    (["--set", "faults.kill=[{device=1, step=2, at='train'}]"], "faults.kill[0].step = 2"),
+    (["--set", "faults.kill=[{device=1, step=0, at='later'}]"], "faults.kill[0].at = 'later'"),
+    (["--set", "faults.kill=[{device=1, stp=0}]"], "faults.kill[0].stp"),
+    (["--set", "run.steps=3"], "run.steps=3"),
+    (["--set", "run.checkpoint_every=-1"], "run.checkpoint_every = -1"),
+    (["--set", "faults.kill=[{device=1}]", "--policy", "oracle"], "policy 'oracle'"),
+    (["--config", "/nonexistent.toml"], "/nonexistent.toml"),
+])
+def test_simulate_bad_faults_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                    needle: str) -> None:
+    code, _, err = run(capsys, "simulate", *SMALL, *argv)
+    assert code == 2
+    assert needle in err and "Traceback" not in err
+
+
 def test_simulate_bad_trace_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     good = {"step": 0, "prompt": 0, "sample": 0, "response_tokens": 5, "prompt_tokens": 3}

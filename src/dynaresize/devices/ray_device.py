@@ -40,7 +40,8 @@ one thread too)."""
 
 
 class RayDevice:
-    """Device protocol over a DeviceActor handle."""
+    """The `Device` protocol (rollout, train, resize and recovery ops) over a DeviceActor
+    handle; a call on a dead actor raises `ActorDiedError`."""
 
     def __init__(self, index: int, actor: Any, cfg_dict: dict[str, Any], role: Role) -> None:
         self.index = index

@@ -131,7 +131,8 @@ class Orchestrator:
                                    self.background, injector, self.streaming, self.pipelined,
                                    switch)
         self.train = TrainLoop(cfg, state, board, boundary, stepper,
-                               StreamTrainer(clock, rundir, boundary, state, board.changed),
+                               StreamTrainer(clock, rundir, boundary, state, board.changed,
+                                             injector),
                                self.resizer, self.recovery, self.checkpointer, clock, rundir,
                                on_step or (lambda record: None), self.streaming, switch)
 

@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from dynaresize.faults import FaultInjector
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device
@@ -146,8 +147,11 @@ class StreamTrainer:
     """Trains a streamed step: `accumulate` (sessions between resizes), then `finish`."""
 
     def __init__(self, clock: Clock, rundir: RunDir, boundary: OptimizerBoundary,
-                 state: RunState, changed: asyncio.Event) -> None:
+                 state: RunState, changed: asyncio.Event,
+                 injector: FaultInjector | None = None) -> None:
         self.clock = clock
+        self.injector = injector
+        """`[[faults.kill]]`: a `train` kill lands in the optimizer step, as unstreamed."""
         self.rundir = rundir
         self.boundary = boundary
         self.state = state
@@ -179,8 +183,11 @@ class StreamTrainer:
         device_s = await train_session(self.clock, self.rundir, step, stream, holdings,
                                        trainers, asyncio.Event(), lambda: False)
         t0 = self.clock.now()
-        stats = list(await asyncio.gather(*(d.train_finish(step, stream.num_micro_batches,
-                                                           global_tokens) for d in trainers)))
+        finishing = asyncio.gather(*(d.train_finish(step, stream.num_micro_batches,
+                                                    global_tokens) for d in trainers))
+        if self.injector is not None:
+            await self.injector.during_train(step)
+        stats = list(await finishing)
         t1 = self.clock.now()
         for d in trainers:
             self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)

@@ -2,6 +2,11 @@
 
 Arguments are checked before anything heavy runs; bad input raises `UsageError` /
 `ConfigError`, which `dynaresize.cli.main` turns into exit code 2 with the message.
+
+Faults: `simulate --config FILE.toml` takes the file's `[faults]` table (`[[faults.kill]]`
+entries, as `dynaresize train` does) and `run.checkpoint_every`; `--set KEY=VALUE` sets those
+keys (e.g. `--set "faults.kill=[{device=900, step=1, at='train'}]"`). Other sections of the file
+are ignored (the flags describe the twin's run), other `--set` keys refused.
 """
 
 from __future__ import annotations
@@ -44,6 +49,12 @@ def format_table(out: dict[str, Any]) -> str:
              "  ".join(h.ljust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
                         enumerate(zip(cells, widths))) for cells in rows]
+    for r in out["results"]:
+        if "num_faults" in r:
+            lines.append(f"{r['policy']}: {r['num_faults']} device death(s), recovery "
+                         f"{r['recovery_s']:.1f} s, {r['replayed_steps']} step(s) replayed"
+                         + (f", {r['kills_not_fired']} kill(s) never fired (no such moment)"
+                            if r.get("kills_not_fired") else ""))
     oracle = next((r for r in out["results"] if r["policy"] == "oracle"), None)
     if oracle:
         lines.append(f"oracle: {oracle['tail_bound_steps']} tail-bound, "
@@ -58,6 +69,49 @@ def _policies(text: str | None) -> tuple[str, ...] | None:
     if not names:
         raise UsageError(f"--policy {text!r}: give a comma-separated list of policies")
     return names
+
+
+TWIN_KEYS = {"faults": ("kill", "timeout_s"), "run": ("checkpoint_every",)}
+"""The config keys `simulate --config/--set` takes (the flags describe the rest of the run)."""
+
+
+def twin_faults(path: str | None, sets: list[str], gpus: int, steps: int) -> Any:
+    """`TwinFaults` from `--config` and `--set` (None if there are none), checked against
+    `gpus` devices and `steps` steps: a bad entry raises `ConfigError` naming its field."""
+    import tomllib
+
+    from dynaresize.config import config_from_dict, parse_override
+    from dynaresize.config.schema import ConfigError
+    from dynaresize.sim.harness import TwinFaults
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("--config", path, f"cannot read it ({exc})") from None
+        try:
+            whole = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", path, f"not valid TOML ({exc})") from None
+        for sec, keys in TWIN_KEYS.items():
+            table = whole.get(sec, {})
+            if not isinstance(table, dict):
+                raise ConfigError(sec, table, "must be a table of keys", path)
+            data[sec] = {k: v for k, v in table.items() if k in keys or sec == "faults"}
+    for text in sets:
+        key, value = parse_override(text)
+        sec, name = key.split(".")
+        if name not in TWIN_KEYS.get(sec, ()):
+            allowed = ", ".join(f"{s}.{k}" for s, ks in TWIN_KEYS.items() for k in ks)
+            raise ConfigError("--set", text, f"simulate takes {allowed} (flags set the rest)")
+        data.setdefault(sec, {})[name] = value
+    if not any(data.values()):
+        return None
+    data["run"] = {**data.get("run", {}), "steps": steps}
+    data["allocation"] = {"num_rollout_devices": 1, "num_train_devices": gpus - 1}
+    cfg = config_from_dict(data)  # the same parsing and checks as `dynaresize train`
+    return TwinFaults(tuple(cfg.faults.kill), cfg.run.checkpoint_every) or None
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -90,12 +144,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             workload = resolve_workload(args.workload, seed=args.seed,
                                         requests_per_step=args.requests_per_step)
         steps = args.steps or (workload.num_steps if workload.num_steps else 50)
+        faults = twin_faults(args.config, args.set or [], gpus, steps)
         run_policy = None
         if args.from_run:  # the policy the live run ran (a forced schedule runs as static)
             run_policy = "static" if run_cfg.resize.schedule else run_cfg.controller.policy
-        policies = _policies(args.policy) or ((run_policy, "oracle") if run_policy else None)
+        oracle = () if faults else ("oracle",)  # the oracle has no devices to kill
+        policies = _policies(args.policy) or ((run_policy, *oracle) if run_policy else None)
         out = simulate(workload, gpus, policies, steps=steps, staleness=staleness,
-                       seed=args.seed, cost_model=costs, out_dir=args.out, split=split)
+                       seed=args.seed, cost_model=costs, out_dir=args.out, split=split,
+                       faults=faults)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.out:
@@ -151,6 +208,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="h100-7b, h200-7b, h100-32b, h200-32b")
     sim.add_argument("--calibration", metavar="FILE", help="calibration.json from "
                      "`dynaresize calibrate` (replaces --cost-model)")
+    sim.add_argument("--config", metavar="FILE.toml", help="take [[faults.kill]] device deaths "
+                     "and run.checkpoint_every from this config (as `dynaresize train` does; "
+                     "other sections ignored); with faults, the orchestrator's policies run")
+    sim.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="set faults.kill, faults.timeout_s or run.checkpoint_every, e.g. "
+                     "--set \"faults.kill=[{device=900, step=1, at='train'}]\" (repeatable)")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--out", metavar="DIR", help="write a run directory per policy")
     sim.set_defaults(func=cmd_simulate)

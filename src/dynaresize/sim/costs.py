@@ -98,6 +98,37 @@ class ResizeCosts:
 
 
 @dataclass(frozen=True)
+class RecoveryCosts:
+    """Seconds charged for checkpoints and for a new world after a device death."""
+
+    checkpoint_bytes_per_param: int = 12
+    """What a checkpoint holds per parameter: fp32 master weights + two AdamW moments."""
+    disk_bytes_per_s: float = 2e9
+    """Checkpoint write or read bandwidth per rank (to shared storage, each rank its shard)."""
+    checkpoint_fixed_s: float = 1.0
+    """Per save or load: DCP planning, metadata file, barriers."""
+    rebuild_world_fixed_s: float = 5.0
+    """Tearing down the old world and initialising a new one (all communicators gone)."""
+    rebuild_world_per_rank_s: float = 2e-3
+    """Rendezvous cost per surviving rank (the store sees every rank)."""
+
+    def checkpoint_bytes(self, model: ModelSpec) -> float:
+        return model.num_params * self.checkpoint_bytes_per_param
+
+    def save_s(self, model: ModelSpec, num_ranks: int) -> float:
+        """One rank writes its 1/num_ranks share of the training state."""
+        return self.checkpoint_fixed_s + self.checkpoint_bytes(model) / max(1, num_ranks) \
+            / self.disk_bytes_per_s
+
+    def load_s(self, model: ModelSpec, num_ranks: int) -> float:
+        """One rank reads its share (resharded to the loading group's size)."""
+        return self.save_s(model, num_ranks)
+
+    def rebuild_world_s(self, num_ranks: int) -> float:
+        return self.rebuild_world_fixed_s + self.rebuild_world_per_rank_s * num_ranks
+
+
+@dataclass(frozen=True)
 class CostModel:
     """Everything the simulator charges time for. Immutable; `replace()` to vary a field."""
 
@@ -122,6 +153,7 @@ class CostModel:
     weight_sync_bytes_per_s: float = 50e9
     weight_sync_latency_s: float = 0.05
     resize: ResizeCosts = field(default_factory=ResizeCosts)
+    recovery: RecoveryCosts = field(default_factory=RecoveryCosts)
 
     # ------------------------------------------------------------------ rollout
     def kv_capacity_tokens(self) -> int:

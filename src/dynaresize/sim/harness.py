@@ -5,26 +5,37 @@ orchestrator for a simulated run: the unchanged `Orchestrator`, `SimDevice`s, a
 `VirtualClock`, the `SimPromptSource` stand-in task, and a `RunDir` (in memory, or the same
 run-directory files as a live run when `out_dir` is given). `results_row` turns a finished run
 into a `results` row of `dynaresize simulate --json`.
+
+Faults and checkpoints are wired as `runner.run_training` wires them for Ray: the same
+`FaultInjector` (`[[faults.kill]]`, killing through `SimProcesses`), `Recovery` (asking
+`SimProcesses.is_alive`) and `Checkpointer` (every `run.checkpoint_every` steps; files in
+`out_dir`, else a temporary directory). A run with neither builds none of them, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dynaresize.config import Config, to_toml, validate
+from dynaresize.config import Config, KillEntry, to_toml, validate
 from dynaresize.controller import Controller
+from dynaresize.faults import FaultInjector
 from dynaresize.orchestrator import Orchestrator
+from dynaresize.orchestrator.checkpoint import CheckpointTarget
 from dynaresize.rundir import RunDir
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device import make_devices
+from dynaresize.sim.faults import SimProcesses
 from dynaresize.sim.workloads import StepRequests, Workload
 from dynaresize.timeline import idle_device_s_per_step
 
@@ -66,9 +77,23 @@ class StepSubset(Workload):
         return self._inner.step_requests(self._steps[step])
 
 
+@dataclass(frozen=True)
+class TwinFaults:
+    """What `dynaresize simulate --config/--set` adds to a twin run: injected device deaths
+    (`[[faults.kill]]`, as `dynaresize train` takes them) and checkpoints."""
+
+    kill: tuple[KillEntry, ...] = ()
+    checkpoint_every: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.kill or self.checkpoint_every)
+
+
 def sim_config(workload: Workload, num_rollout: int, num_train: int, steps: int,
-               staleness: int, seed: int, costs: CostModel) -> Config:
-    """The run configuration the twin hands the orchestrator (validated)."""
+               staleness: int, seed: int, costs: CostModel,
+               faults: TwinFaults | None = None) -> Config:
+    """The run configuration the twin hands the orchestrator (validated: a bad fault entry
+    raises `ConfigError` naming it, e.g. `faults.kill[0].device`)."""
     cfg = Config()
     cfg.run.steps, cfg.run.staleness, cfg.run.seed = steps, staleness, seed
     cfg.task.prompts_per_step = workload.prompts_per_step
@@ -80,6 +105,9 @@ def sim_config(workload: Workload, num_rollout: int, num_train: int, steps: int,
     cfg.allocation.num_rollout_devices, cfg.allocation.num_train_devices = num_rollout, num_train
     cfg.devices.backend = "sim"
     cfg.controller.policy = "static"  # the split as given; run_policy sets another
+    if faults:
+        cfg.faults.kill = [replace(e) for e in faults.kill]
+        cfg.run.checkpoint_every = faults.checkpoint_every
     validate(cfg, check_machine=False)
     return cfg
 
@@ -107,24 +135,79 @@ class SimRun:
     orchestrator: Orchestrator | None = None
 
 
+class SimWeightIO:
+    """Checkpoint weight files of the twin: a handle is the version number it stands for."""
+
+    @staticmethod
+    def save(handle: Any, path: Path) -> None:
+        path.write_text(f"{int(handle)}\n")
+
+    @staticmethod
+    def load(path: Path) -> Any:
+        return int(path.read_text())
+
+
+class InlineExecutor(ThreadPoolExecutor):
+    """Runs `to_thread` work at once in the loop's thread: a thread would finish at an
+    arbitrary virtual time (or look like a deadlock to the virtual clock). The twin's blocking
+    work is small file I/O; it takes no virtual time."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
+async def _inline_io(run: Coroutine[Any, Any, Any]) -> Any:
+    asyncio.get_running_loop().set_default_executor(InlineExecutor(max_workers=1))
+    return await run
+
+
 def run_config(cfg: Config, workload: Workload, costs: CostModel,
                controller: Controller | None = None,
                out_dir: str | Path | None = None) -> SimRun:
-    """Run `cfg` (allocation, schedule, steps, staleness) on SimDevices charged by `costs`,
-    lengths from `workload`; `controller` overrides `cfg.controller.policy`. Writes
-    config.toml, metrics/events/samples.jsonl and summary.json to `out_dir` if given."""
+    """Run `cfg` (allocation, schedule, steps, staleness, faults, checkpoints) on SimDevices
+    charged by `costs`, lengths from `workload`; `controller` overrides
+    `cfg.controller.policy`. Writes config.toml, metrics/events/samples.jsonl and
+    summary.json to `out_dir` if given."""
     clock = VirtualClock()
+    processes = SimProcesses()
     devices = make_devices(cfg.num_devices, cfg.allocation.num_rollout_devices, costs,
-                           workload, clock)
+                           workload, clock, processes)
     rundir = RunDir(out_dir)
     rundir.write_config(to_toml(cfg))
-    try:
-        orch = Orchestrator(cfg, devices, clock, SimPromptSource(workload), rundir,
-                            controller=controller)
-        with no_gc():
-            summary = clock.run(orch.run())
-    finally:
-        rundir.close()
+    with ExitStack() as stack:
+        checkpoints = None
+        if cfg.run.checkpoint_every:
+            ckpt_dir = rundir.path or stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="dynaresize-twin-"))
+            checkpoints = CheckpointTarget(ckpt_dir, cfg.run.checkpoint_every, SimWeightIO())
+        # What `runner.run_training` does for Ray devices, with the twin's process table.
+        recover = bool(cfg.faults.kill) or checkpoints is not None
+        injector = FaultInjector(cfg.faults.kill, processes.kill, clock.now) if recover else None
+
+        def kill_in_resize(index: int, op: Any) -> bool:
+            return injector is not None and injector.in_resize(orch.state.step, op)
+
+        try:
+            orch = Orchestrator(cfg, devices, clock, SimPromptSource(workload), rundir,
+                                controller=controller, checkpoints=checkpoints,
+                                fail_op=kill_in_resize if cfg.faults.kill else None,
+                                faults=processes if recover else None,
+                                injector=injector if cfg.faults.kill else None)
+            with no_gc():
+                summary = clock.run(_inline_io(orch.run()) if checkpoints else orch.run())
+            if injector is not None and (cfg.faults.kill or orch.recovery.records):
+                summary.update(num_faults=len(orch.recovery.records),
+                               faults=orch.recovery.records,
+                               kills=[vars(f) for f in injector.fired],
+                               kills_not_fired=[vars(e) for e in injector.pending])
+                rundir.summary(summary)
+        finally:
+            rundir.close()
     return SimRun(summary, rundir, orch)
 
 
@@ -141,14 +224,24 @@ def results_row(policy: str, run: SimRun, split: dict[str, int] | None) -> dict[
             "idle_device_s_per_step": round(idle_device_s_per_step(
                 s, run.rundir.events, s["steps"]), 2),
             "mean_rollout_devices": round(float(np.mean(
-                [m["num_rollout_devices"] for m in metrics])), 2)}
+                [m["num_rollout_devices"] for m in metrics])), 2), **fault_columns(s)}
+
+
+def fault_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    """A faulty run's extra `results` keys: deaths, recovery time, replayed optimizer steps,
+    entries that never fired (none for a run without faults, whose row stays as it was)."""
+    if "faults" not in summary:
+        return {}
+    faults = summary["faults"]
+    return {"num_faults": summary["num_faults"],
+            "recovery_s": round(sum(f.get("recovery_s", 0.0) for f in faults), 4),
+            "replayed_steps": sum(f.get("replayed_steps", 0) for f in faults),
+            "kills_not_fired": len(summary.get("kills_not_fired", []))}
 
 
 def workload_for_config(cfg: Config, name: str = "balanced") -> Workload:
     """A synthetic workload shaped like `cfg`'s task (prompts x samples per step, lengths
     capped at `task.max_new_tokens`), seeded by `run.seed`: for simulating a live config."""
-    from dataclasses import replace
-
     from dynaresize.sim.workloads import get_workload
 
     wl = get_workload(name, seed=cfg.run.seed, prompts_per_step=cfg.task.prompts_per_step,

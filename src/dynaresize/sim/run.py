@@ -17,6 +17,10 @@ Policies (`simulate(policies=...)`):
 Each row is issue 4's `{"policy","split","mean_step_s","p99_step_s","samples_per_s",
 "tokens_per_s","bubble_fraction","num_resizes"}` plus extras. With `out_dir`, every simulated
 policy writes a live-like run directory to `out_dir/<policy>/`.
+
+`faults` (`TwinFaults`: `[[faults.kill]]` entries, checkpoints) apply to the final run of each
+orchestrator policy (not to the split search's probes); `colocated` and `oracle` are not the
+orchestrator and refuse them. Their rows gain `num_faults`, `recovery_s`, `replayed_steps`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ import numpy as np
 from dynaresize.controller import CONTROLLERS, load_policy_modules
 from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
-from dynaresize.sim.harness import StepSubset, results_row, run_config, sim_config
+from dynaresize.sim.harness import (
+    StepSubset,
+    TwinFaults,
+    results_row,
+    run_config,
+    sim_config,
+)
 from dynaresize.sim.oracle import (
     oracle_result,
     oracle_steps,
@@ -41,6 +51,8 @@ from dynaresize.sim.oracle import (
 from dynaresize.sim.workloads import Workload, resolve_workload
 
 BUILTIN_POLICIES = ("static", "colocated", "oracle")
+NOT_ORCHESTRATOR = ("colocated", "oracle")
+"""Policies that do not run the orchestrator (no device deaths, no checkpoints)."""
 
 
 def load_policies() -> tuple[str, ...]:
@@ -61,10 +73,11 @@ def _sub(out_dir: str | Path | None, policy: str) -> Path | None:
 
 
 def run_static(workload: Workload, gpus: int, num_rollout: int, steps: int, staleness: int,
-               seed: int, costs: CostModel, out_dir: str | Path | None = None
-               ) -> dict[str, Any]:
+               seed: int, costs: CostModel, out_dir: str | Path | None = None,
+               faults: TwinFaults | None = None) -> dict[str, Any]:
     """One orchestrator run at a fixed split; returns its results row."""
-    cfg = sim_config(workload, num_rollout, gpus - num_rollout, steps, staleness, seed, costs)
+    cfg = sim_config(workload, num_rollout, gpus - num_rollout, steps, staleness, seed, costs,
+                     faults)
     run = run_config(cfg, workload, costs, out_dir=out_dir)
     return results_row("static", run, {"rollout": num_rollout, "train": gpus - num_rollout})
 
@@ -138,9 +151,11 @@ def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed
 
 def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, steps: int,
                staleness: int, seed: int, costs: CostModel,
-               out_dir: str | Path | None = None) -> dict[str, Any]:
+               out_dir: str | Path | None = None, faults: TwinFaults | None = None
+               ) -> dict[str, Any]:
     """A registered controller policy through the orchestrator, from `num_rollout` devices."""
-    cfg = sim_config(workload, num_rollout, gpus - num_rollout, steps, staleness, seed, costs)
+    cfg = sim_config(workload, num_rollout, gpus - num_rollout, steps, staleness, seed, costs,
+                     faults)
     cfg.controller.policy = policy
     run = run_config(cfg, workload, costs, CONTROLLERS[policy](cfg), out_dir)
     row = results_row(policy, run, {"rollout": num_rollout, "train": gpus - num_rollout})
@@ -152,17 +167,23 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
              steps: int = 50, staleness: int = 1, seed: int = 0,
              cost_model: str | CostModel = "h100-7b", requests_per_step: int | None = None,
              out_dir: str | Path | None = None, split: int | None = None,
-             timings: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:
+             timings: dict[str, tuple[float, float]] | None = None,
+             faults: TwinFaults | None = None) -> dict[str, Any]:
     """Compare `policies` (default: `default_policies()`) on one workload; returns the JSON
     object of `dynaresize simulate --json`. `split` fixes the rollout-device count of
     `static` (and the start of controller policies) instead of searching it. `timings`, if
     given, receives (wall s, CPU s) of the twin's own cost per policy and for the split
-    `search` (bench/sim_scaling.py). Raises ValueError for bad input."""
+    `search` (bench/sim_scaling.py). `faults`: see the module docstring. Raises ValueError
+    for bad input (ConfigError, a ValueError, for a bad fault entry)."""
     known = load_policies()
-    policies = tuple(policies) if policies is not None else default_policies()
+    if faults:
+        known = tuple(p for p in known if p not in NOT_ORCHESTRATOR)
+    policies = tuple(policies) if policies is not None else tuple(
+        p for p in default_policies() if p in known)
     unknown = [p for p in policies if p not in known]
     if unknown:
-        raise ValueError(f"policy {unknown[0]!r}: allowed: {', '.join(known)}")
+        why = " (with faults: the orchestrator's policies)" if faults else ""
+        raise ValueError(f"policy {unknown[0]!r}: allowed{why}: {', '.join(known)}")
     if gpus < 2:
         raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
     if steps < 1:
@@ -176,6 +197,8 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
     costs = cost_model if isinstance(cost_model, CostModel) else get_cost_model(cost_model)
     if wl.num_steps is not None and steps > wl.num_steps:
         raise ValueError(f"steps = {steps}: the trace {wl.name} has only {wl.num_steps}")
+    if faults:  # the entries against this run's devices and steps, before anything runs
+        sim_config(wl, split or 1, gpus - (split or 1), steps, staleness, seed, costs, faults)
     best: tuple[int, int] | None = (split, 0) if split is not None else None
     results = []
     clock_s = (time.perf_counter(), time.process_time())
@@ -206,11 +229,11 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
             lap("search")
         if policy == "static":
             row = run_static(wl, gpus, best[0], steps, staleness, seed, costs,
-                             _sub(out_dir, policy))
+                             _sub(out_dir, policy), faults)
             row["num_splits_tried"] = best[1]
         else:
             row = run_policy(policy, wl, gpus, best[0], steps, staleness, seed, costs,
-                             _sub(out_dir, policy))
+                             _sub(out_dir, policy), faults)
         results.append(row)
         lap(policy)
     if timings is not None:

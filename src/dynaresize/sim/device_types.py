@@ -1,0 +1,83 @@
+"""The pieces of `SimDevice` that are plain data: simulated completions and exported
+requests, the engine's request record, the workload-lengths table a run's devices share, and
+the member-tuple cache (see `sim.device`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dynaresize.sim.workloads import Workload
+from dynaresize.types import Completion, InflightRequest, RequestSpec
+
+
+@dataclass
+class SimCompletion(Completion):
+    """A finished simulated response: `tokens` is a stand-in, `response_tokens` the length."""
+
+    response_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:  # type: ignore[override]
+        return self.response_tokens
+
+    @property
+    def num_prompt_tokens(self) -> int:  # type: ignore[override]
+        return self.spec.prompt_tokens[0]  # the twin's stand-in prompt is (its length,)
+
+
+@dataclass
+class SimInflight(InflightRequest):
+    """An exported simulated request: `num_generated` tokens done, no token list."""
+
+    num_generated: int = 0
+
+
+class EngineRequest:
+    __slots__ = ("spec", "prompt_tokens", "target_tokens", "generated", "start_iter", "live")
+
+    def __init__(self, spec: RequestSpec, prompt_tokens: int, target_tokens: int,
+                 generated: int) -> None:
+        self.spec = spec
+        self.prompt_tokens = prompt_tokens
+        self.target_tokens = target_tokens
+        self.generated = generated
+        """Tokens generated before `start_iter` (prefix of a migrated or preempted request)."""
+        self.start_iter = 0
+        self.live = False
+
+
+_MEMBER_SETS: dict[int, tuple[Any, tuple[int, ...], frozenset[int]]] = {}
+
+
+def sorted_members(members: Any) -> tuple[tuple[int, ...], frozenset[int]]:
+    """(sorted members, member set) of a member collection, computed once per object: a
+    resize hands every device the same tuple, so N devices cost O(N), not O(N^2). Only
+    tuples are cached (immutable)."""
+    if type(members) is not tuple:
+        return tuple(sorted(members)), frozenset(members)
+    got = _MEMBER_SETS.get(id(members))
+    if got is None or got[0] is not members:
+        if len(_MEMBER_SETS) >= 64:
+            _MEMBER_SETS.clear()
+        got = _MEMBER_SETS[id(members)] = (members, tuple(sorted(members)), frozenset(members))
+    return got[1], got[2]
+
+
+class Lengths:
+    """A workload's lengths per step as Python lists (a list lookup costs a tenth of indexing
+    a numpy array), for the last few steps; one table is shared by a run's devices."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self._steps: dict[int, tuple[list[list[int]], list[int]]] = {}
+
+    def __call__(self, step: int) -> tuple[list[list[int]], list[int]]:
+        """(response tokens [prompt][sample], prompt tokens [prompt]) of `step`."""
+        got = self._steps.get(step)
+        if got is None:
+            if len(self._steps) >= 4:
+                self._steps.clear()
+            req = self.workload.step_requests(step)
+            got = self._steps[step] = (req.response_tokens.tolist(), req.prompt_tokens.tolist())
+        return got
