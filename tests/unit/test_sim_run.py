@@ -18,10 +18,10 @@ KEYS = {"policy", "split", "mean_step_s", "p99_step_s", "samples_per_s", "tokens
 
 GOLDEN = {
     # (workload, gpus): policy -> (split, mean_step_s, num_resizes); steps=3, 64 requests, seed 1
-    ("dapo-7b", 8): {"static": ((6, 2), 131.9843, 0), "colocated": ((8, 8), 143.3167, 5),
-                     "borrow": ((6, 2), 131.9843, 4), "oracle": (None, 56.6828, 0)},
-    ("balanced", 6): {"static": ((4, 2), 6.7837, 0), "colocated": ((6, 6), 10.4977, 5),
-                      "borrow": ((4, 2), 9.2199, 2), "oracle": (None, 2.9074, 0)},
+    ("dapo-7b", 8): {"static": ((5, 3), 126.4846, 0), "colocated": ((8, 8), 127.1028, 5),
+                     "borrow": ((5, 3), 126.4846, 4), "oracle": (None, 56.6828, 0)},
+    ("balanced", 6): {"static": ((3, 3), 6.6848, 0), "colocated": ((6, 6), 10.4977, 5),
+                      "borrow": ((3, 3), 8.5251, 2), "oracle": (None, 2.9074, 0)},
 }
 
 

@@ -89,7 +89,8 @@ async def _run(cfg: Config, devices: list[SimDevice], clock: VirtualClock,
         t0 = clock.now()
         await clock.sleep(switch_s(costs, n, to_train=True))
         t1 = clock.now()
-        plan = plan_step(got.samples, cfg.train.micro_batch_size, n)
+        plan = plan_step(got.samples, cfg.train.micro_batch_size, n,
+                         cfg.train.max_tokens_per_micro_batch)
         # every rank's `train_step`, then `publish_weights`, charged as those calls would be
         # (all ranks start together, the step ends with the slowest), without N tasks each
         train_s = [d.train_step_s(plan[r])[0] for r, d in enumerate(devices)]
