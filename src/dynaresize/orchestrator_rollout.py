@@ -150,7 +150,8 @@ class RolloutLoop(EngineMoves):
         stream = None
         if self.streaming:
             stream = StepStream(step, version, list(by_id), cfg.task.samples_per_prompt,
-                                cfg.train.micro_batch_size)
+                                cfg.train.micro_batch_size,
+                                cfg.train.max_tokens_per_micro_batch)
             self._stream_future(step).set_result(stream)
         holder: list[RolloutRun] = []
 

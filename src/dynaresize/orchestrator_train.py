@@ -108,7 +108,8 @@ class TrainLoop:
                           publish: bool = False) -> tuple[list[dict[str, float]], float, list]:
         """One optimizer step of `step` on `trainers` (+ the weight gather if `publish`);
         returns (stats, time training ended, handles). Also replays steps after a fault."""
-        plan = plan_step(got.samples, self.cfg.train.micro_batch_size, len(trainers))
+        plan = plan_step(got.samples, self.cfg.train.micro_batch_size, len(trainers),
+                         self.cfg.train.max_tokens_per_micro_batch)
         global_tokens = global_num_tokens(got.samples)
         train = asyncio.gather(*(d.train_step(step, plan[r], global_tokens)
                                  for r, d in enumerate(trainers)))
