@@ -69,7 +69,7 @@ def test_simulate_is_deterministic() -> None:
 
 
 def test_unknown_policy_names_the_allowed_ones() -> None:
-    with pytest.raises(ValueError, match="policy 'nope': allowed: static, colocated, oracle"):
+    with pytest.raises(ValueError, match="policy .nope.: allowed: static, colocated, reference, oracle"):
         simulate("balanced", gpus=4, steps=1, requests_per_step=32, policies=("nope",))
 
 
@@ -122,3 +122,22 @@ def test_idle_device_seconds_per_step_is_the_bubble_in_device_seconds() -> None:
     summary = {"bubble_fraction": 0.25, "wall_s": 100.0}
     assert idle_device_s_per_step(summary, events, 5) == 0.25 * 4 * 100.0 / 5
     assert idle_device_s_per_step({"bubble_fraction": 0.0, "wall_s": 9.0}, events, 3) == 0.0
+
+
+def test_reference_is_a_fixed_streaming_split_and_hysteresis_is_reported_against_it() -> None:
+    """`reference`: the `fixed` policy (no resize; streaming training, pipelined rollouts) at
+    its best split; the output gives hysteresis as a fraction of each row and its churn."""
+    out = simulate("dapo-7b", gpus=6, steps=3, staleness=1, requests_per_step=64, seed=1,
+                   policies=("static", "hysteresis", "reference", "oracle"))
+    rows = {r["policy"]: r for r in out["results"]}
+    assert rows["reference"]["num_resizes"] == 0 and rows["reference"]["split"]
+    assert rows["reference"]["resizes_per_step"] == 0.0
+    assert set(out["hysteresis_vs"]) == {"static", "reference", "oracle"}
+    assert out["hysteresis_vs"]["oracle"] == pytest.approx(
+        rows["hysteresis"]["samples_per_s"] / rows["oracle"]["samples_per_s"], abs=1e-3)
+    churn = out["churn"]
+    assert churn["versus"] == "reference"
+    assert churn["resizes_per_step"] == pytest.approx(rows["hysteresis"]["num_resizes"] / 3,
+                                                      abs=1e-3)
+    assert churn["saved_s_per_step"] == pytest.approx(
+        rows["reference"]["mean_step_s"] - rows["hysteresis"]["mean_step_s"], abs=0.01)

@@ -148,7 +148,17 @@ def results_row(policy: str, run: SimRun, split: dict[str, int] | None) -> dict[
             "idle_device_s_per_step": round(idle_device_s_per_step(
                 s, run.rundir.events, s["steps"]), 2),
             "mean_rollout_devices": round(float(np.mean(
-                [m["num_rollout_devices"] for m in metrics])), 2)}
+                [m["num_rollout_devices"] for m in metrics])), 2),
+            **_churn(run, len(metrics))}
+
+
+def _churn(run: SimRun, num_steps: int) -> dict[str, float]:
+    """Resizes per step and their critical-path seconds per step (orchestrator runs only)."""
+    if run.orchestrator is None or not num_steps:
+        return {}
+    done = [r for r in run.orchestrator.resizes if r.ok]
+    return {"resizes_per_step": round(len(done) / num_steps, 3),
+            "resize_s_per_step": round(sum(r.critical_path_s for r in done) / num_steps, 2)}
 
 
 def workload_for_config(cfg: Config, name: str = "balanced") -> Workload:
