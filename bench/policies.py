@@ -1,10 +1,13 @@
-"""Reproduce the policy comparison table (issue 5) in the digital twin and write it to README.
+"""Reproduce the policy comparison table (issues 5, 19) in the digital twin and write it to
+docs/results.md (between `<!-- twin-policies:start -->` and `<!-- twin-policies:end -->`).
 
-    python bench/policies.py            # prints the table and rewrites README's section
+    python bench/policies.py            # prints the table and rewrites that section
     python bench/policies.py --quick    # fewer steps and requests (a smoke run)
 
 Every policy runs on the same workload with the same seed; the `static` row is the best split
-in hindsight (searched), `oracle` the lower bound. Ratios are measured side by side in one run.
+in hindsight (searched), `reference` the best fixed split with streaming training and
+pipelined rollouts (what users could configure by hand, searched), `oracle` the clairvoyant
+lower bound. Ratios are measured side by side in one run.
 """
 
 from __future__ import annotations
@@ -20,17 +23,18 @@ from pathlib import Path
 from dynaresize.rundir import read_jsonl
 from dynaresize.sim.run import simulate
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-START, END = "<!-- policies:start -->", "<!-- policies:end -->"
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
+START, END = "<!-- twin-policies:start -->", "<!-- twin-policies:end -->"
 CASES = [  # (workload, gpus, requests per step): work-bound first, then tail-bound ones
     ("dapo-7b", 16, 8192), ("dapo-7b", 32, 8192), ("dapo-7b", 64, 8192),
     ("dapo-7b", 64, 4096), ("dapo-7b", 256, 65536), ("drift", 32, 2048),
-    ("agentic", 32, 1024), ("balanced", 16, 1024), ("balanced", 32, 8192),
+    ("agentic", 32, 1024), ("agentic", 64, 8192), ("balanced", 16, 1024),
+    ("balanced", 32, 8192),
 ]
 BIG_REQUEST_STEPS = 10
 """Cases of over 10^4 requests per step (4096 prompts x 16 samples) run this many steps (the
 twin's cost is linear in requests x steps; 20 steps would double the table's wall time)."""
-POLICIES = ("static", "colocated", "borrow", "hysteresis", "oracle")
+POLICIES = ("static", "colocated", "borrow", "hysteresis", "reference", "oracle")
 UNSEEN = [  # (workload, gpus, requests, seed): seeds and GPU counts the controller was not
     # tuned on, small (work-bound) and large (tail-bound) for their batch
     ("dapo-7b", 24, 4096, 7), ("dapo-7b", 96, 4096, 11), ("agentic", 12, 512, 5),
@@ -66,17 +70,46 @@ def unseen_line(steps: int) -> str:
             f"hysteresis / best static {min(ratios):.2f}–{max(ratios):.2f}x")
 
 
-def write_readme_block(start: str, end: str, text: str) -> None:
-    """Replace README's text between the `start` and `end` markers (if both are there)."""
-    readme = README.read_text()
-    if start in readme and end in readme:
-        readme = re.sub(re.escape(start) + ".*?" + re.escape(end),
-                        lambda _: f"{start}\n{text}\n{end}", readme, flags=re.S)
-        README.write_text(readme)
+def write_block(start: str, end: str, text: str, path: Path = RESULTS) -> None:
+    """Replace `path`'s text between the `start` and `end` markers; append the markers (and
+    create the file, titled) where they are missing."""
+    doc = path.read_text() if path.exists() else "# Results\n"
+    if start not in doc or end not in doc:
+        doc = doc.rstrip("\n") + f"\n\n{start}\n{end}\n"
+    doc = re.sub(re.escape(start) + ".*?" + re.escape(end),
+                 lambda _: f"{start}\n{text}\n{end}", doc, flags=re.S)
+    path.write_text(doc)
 
 
 def row_of(results: list[dict], policy: str) -> dict | None:
     return next((r for r in results if r["policy"] == policy), None)
+
+
+def _split(row: dict) -> str:
+    split = row.get("split") or {}
+    return f"{split.get('rollout')}R/{split.get('train')}T"
+
+
+def table_line(out: dict, workload: str, requests: int, case_steps: int, steps: int) -> str:
+    """One markdown row of the table from `simulate`'s output."""
+    res = out["results"]
+    thr = {p: (row_of(res, p) or {}).get("samples_per_s", float("nan")) for p in POLICIES}
+    hyst = row_of(res, "hysteresis") or {}
+    churn = out.get("churn") or {}
+    steps_note = f", {case_steps} steps" if case_steps != steps else ""
+
+    def ratio(p: str) -> str:
+        return f"{thr['hysteresis'] / thr[p]:.3f}" if thr[p] > 0 else "-"
+    saved = churn.get("saved_s_per_step")
+    return (f"| {workload} ({requests} req/step{steps_note}) | {out['gpus']} "
+            f"| {out['staleness']} | {(row_of(res, 'oracle') or {}).get('binds', '?')} "
+            f"| {thr['static']:.2f} ({_split(row_of(res, 'static') or {})}) "
+            f"| {thr['colocated']:.2f} | {thr['borrow']:.2f} | {thr['hysteresis']:.2f} "
+            f"| {thr['reference']:.2f} ({_split(row_of(res, 'reference') or {})}) "
+            f"| {thr['oracle']:.2f} | {ratio('static')} | {ratio('colocated')} "
+            f"| {ratio('reference')} | {ratio('oracle')} "
+            f"| {hyst.get('resizes_per_step', 0):.2f} | {hyst.get('resize_s_per_step', 0):.1f} "
+            f"| {'-' if saved is None else f'{saved:.1f}'} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     steps = 6 if args.quick else args.steps
     lines = ["| workload | GPUs | s | oracle binds | static (split) | colocated | borrow "
-             "| hysteresis | oracle | hyst / static | hyst / colocated | gap closed | resizes "
-             "| idle dev-s/step (hyst) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| hysteresis | reference (split) | oracle | hyst / static | hyst / colocated "
+             "| hyst / reference | hyst / oracle | resizes / step | resize s / step "
+             "| saved s / step vs reference |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     t0 = time.time()
     for workload, gpus, requests in CASES:
         for staleness in (1, 0):
@@ -98,25 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             case_steps = min(steps, BIG_REQUEST_STEPS) if requests > 10**4 else steps
             out = simulate(workload, gpus, POLICIES, steps=case_steps, staleness=staleness,
                            seed=0, requests_per_step=requests)
-            res = out["results"]
-            thr = {p: (row_of(res, p) or {}).get("samples_per_s", float("nan"))
-                   for p in POLICIES}
-            static = row_of(res, "static") or {}
-            split = static.get("split") or {}
-            hyst = row_of(res, "hysteresis") or {}
-            gap = thr["oracle"] - thr["static"]
-            closed = (thr["hysteresis"] - thr["static"]) / gap if gap > 0 else float("nan")
-            oracle = row_of(res, "oracle") or {}
-            idle = hyst.get("bubble_fraction", 0.0) * gpus * hyst.get("mean_step_s", 0.0)
-            steps_note = f", {case_steps} steps" if case_steps != steps else ""
-            lines.append(
-                f"| {workload} ({requests} req/step{steps_note}) | {gpus} | {staleness} "
-                f"| {oracle.get('binds', '?')} "
-                f"| {thr['static']:.2f} ({split.get('rollout')}R/{split.get('train')}T) "
-                f"| {thr['colocated']:.2f} | {thr['borrow']:.2f} | {thr['hysteresis']:.2f} "
-                f"| {thr['oracle']:.2f} | {thr['hysteresis'] / thr['static']:.3f} "
-                f"| {thr['hysteresis'] / thr['colocated']:.3f} "
-                f"| {closed:.0%} | {hyst.get('num_resizes', 0)} | {idle:.0f} |")
+            lines.append(table_line(out, workload, requests, case_steps, steps))
             print(lines[-1], flush=True)
     extra = [] if args.quick else [
         drift_second_half(40, 1), drift_second_half(40, 0), unseen_line(steps)]
@@ -129,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join([header, "", *lines, "", *(f"- {line}" for line in extra)])
     print(table)
     if not args.no_write and not args.quick:
-        write_readme_block(START, END, table)
+        write_block(START, END, table)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Hysteresis on workloads nobody tuned it on (issue 5, criteria 2, 3 and 5): a seeded random
-sweep, written to README.
+sweep, written to docs/results.md.
 
-    python bench/unseen.py              # 96 runs (~5 minutes), rewrites README's section
+    python bench/unseen.py              # 96 runs (~5 minutes), rewrites docs/results.md
     python bench/unseen.py --runs 8     # a smoke run (prints only)
 
 Each run draws a workload family and its parameters, a GPU count (4-96), a staleness (0/1)
@@ -32,7 +32,7 @@ from dynaresize.sim.run import simulate
 from dynaresize.sim.workloads import SyntheticWorkload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from policies import write_readme_block  # noqa: E402  (bench/ is not a package)
+from policies import write_block  # noqa: E402  (bench/ is not a package)
 
 START, END = "<!-- unseen:start -->", "<!-- unseen:end -->"
 FAMILIES = ("tailed", "tailless", "bimodal", "drift")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join([header, "", *lines])
     print(table)
     if not args.no_write and args.runs == parser.get_default("runs"):
-        write_readme_block(START, END, table)
+        write_block(START, END, table)
     return 0
 
 

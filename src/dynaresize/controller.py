@@ -155,7 +155,7 @@ def register_policy(name: str, factory: Callable[[Config], Controller]) -> None:
     CONTROLLERS[name] = factory
 
 
-POLICY_MODULES = ("dynaresize.hysteresis", "dynaresize.borrow")
+POLICY_MODULES = ("dynaresize.hysteresis", "dynaresize.borrow", "dynaresize.fixed_split")
 """Modules that register their policy on import."""
 
 

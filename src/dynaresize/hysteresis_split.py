@@ -1,25 +1,22 @@
-"""Choosing the split from measurements (a mixin of `HysteresisController`, see
+"""Choosing the split from measurements (a part of `HysteresisController`, see
 `dynaresize.hysteresis`).
 
 Each step's duration (step start to step start) is filed under the split it was planned at
-and, at staleness 0, the lending mode it ran in (`_measure_mode`). One split change may reach a
+and, at staleness 0, the lending mode it ran in (`measure_step`). One split change may reach a
 trust region around the current split (neither stage more than doubles or halves) or any split
-measured in the last `MEASURED_FOR_STEPS` steps (`_candidates`); a candidate scores its
+measured in the last `MEASURED_FOR_STEPS` steps (`candidates`); a candidate scores its
 measured step time where it ran, else the model's prediction scaled by how far the model missed
 the current split's measurement, and no better than a split measured on the way there
-(`_split_scores`).
+(`scores`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from dynaresize.controller import Move, RunView
-
-if TYPE_CHECKING:
-    from dynaresize.hysteresis import HysteresisParams
+from dynaresize.hysteresis_model import StageModel, ema
 
 MEASURED_FOR_STEPS = 10
 """A split's measured step time guides the split choice for this many steps."""
@@ -28,26 +25,40 @@ TRUST_FACTOR = 2
 """One split change grows or shrinks either stage by at most this factor."""
 
 
-def ema(old: float | None, new: float, weight: float) -> float:
-    """An exponential moving average's next value (`new` itself if there is none yet)."""
-    return new if old is None else (1 - weight) * old + weight * new
-
-
 class SplitChoice:
-    """Mixin: needs the controller's parameters, its prediction and the bookkeeping below."""
+    """The measured step times per split and the scores a split choice ranks candidates by,
+    over the model's predictions (`model`, whose `lend_ok` is the lending mode)."""
 
-    p: HysteresisParams
-    _lend_ok: bool
-    _step_start_s: dict[int, float]
-    _mode_of_step: dict[int, bool]
-    _split_of_step: dict[int, int]
-    _split_step_s: dict[tuple[bool, int], tuple[float, int]]
-    _mode_step_s: dict[bool, float]
+    def __init__(self, model: StageModel) -> None:
+        self.model = model
+        self.p = model.p
+        self._step_start_s: dict[int, float] = {}
+        self._mode_of_step: dict[int, bool] = {}
+        """Staleness 0: whether each step ran in lending mode (its split chosen for lending)."""
+        self._split_of_step: dict[int, int] = {}
+        """The split (rollout devices) each step was planned at."""
+        self._split_step_s: dict[tuple[bool, int], tuple[float, int]] = {}
+        """Measured step time (EMA) per (lending mode, split), and the last step it was
+        measured in (a split the model favours but that measured slower is not chosen again
+        on the model's word); measurements older than `MEASURED_FOR_STEPS` are forgotten (the
+        workload may have drifted)."""
+        self._mode_step_s: dict[bool, float] = {}
+        """Staleness 0: measured step time (EMA) with and without lending at rollout end."""
 
-    def predict_step_s(self, num_rollout: int, num_devices: int, staleness: int) -> float:
-        raise NotImplementedError
+    def plan(self, step: int, split: int, lend: bool) -> None:
+        """File `step` as planned at `split` rollout devices, in lending mode `lend`."""
+        self._mode_of_step[step] = lend
+        self._split_of_step[step] = split
 
-    def _measure_mode(self, view: RunView) -> None:
+    def measured(self, lend: bool, split: int) -> tuple[float, int] | None:
+        """(measured step time, last step measured) of `split` in mode `lend`, if any."""
+        return self._split_step_s.get((lend, split))
+
+    def mode_step_s(self, lend: bool) -> float | None:
+        """Staleness 0: the measured step time (EMA) with or without lending, if any."""
+        return self._mode_step_s.get(lend)
+
+    def measure_step(self, view: RunView) -> None:
         """The previous step's duration (step start to step start), filed under the split it
         was planned at (`_split_step_s`, from its second step on) and, at staleness 0, under
         the mode it ran in (its split was chosen for lending or not; whether the lend at
@@ -73,33 +84,33 @@ class SplitChoice:
                                       self.p.ema)
 
     # ------------------------------------------------------------------ decisions
-    def _trust_region(self, n: int, base: int) -> tuple[int, int]:
+    def trust_region(self, n: int, base: int) -> tuple[int, int]:
         """The splits one change may reach from `base`: neither stage more than doubles or
         halves."""
         t, f = n - base, TRUST_FACTOR
         return (max(1, math.ceil(base / f), n - f * t),
                 min(n - 1, f * base, n - math.ceil(t / f)))
 
-    def _candidates(self, n: int, base: int, step: int) -> list[int]:
+    def candidates(self, n: int, base: int, step: int) -> list[int]:
         """Splits worth scoring: a trust region around the current one (neither stage more
         than doubles or halves in one move: the model is fitted where the run is, and far
         from it its shape is a guess) and every split measured recently."""
-        lo, hi = self._trust_region(n, base)
+        lo, hi = self.trust_region(n, base)
         measured = {k for (m, k), got in self._split_step_s.items()
-                    if m == self._lend_ok and step - got[1] <= MEASURED_FOR_STEPS}
+                    if m == self.model.lend_ok and step - got[1] <= MEASURED_FOR_STEPS}
         return sorted(set(range(lo, hi + 1)) | measured)
 
-    def _split_scores(self, n: int, base: int, staleness: int,
+    def scores(self, n: int, base: int, staleness: int,
                       step: int) -> Callable[[int], float]:
         """Step time per split, for choosing one: measured (this lending mode) where the
         split has run, else the model's prediction scaled by how far the model missed the
         current split's measurement (trust its shape, not its level), and no better than a
         split measured on the way there from the current one (a direction that measured
         slower is not explored further on the model's word)."""
-        mode = self._lend_ok
+        mode = self.model.lend_ok
         got_base = self._split_step_s.get((mode, base))
         measured_base = got_base[0] if got_base else None
-        base_pred = self.predict_step_s(base, n, staleness)
+        base_pred = self.model.predict_step_s(base, n, staleness)
         scale = measured_base / base_pred if measured_base and base_pred > 0 else 1.0
 
         measured = {k: v for (m, k), (v, s) in self._split_step_s.items()
@@ -111,10 +122,10 @@ class SplitChoice:
                 return got
             lo, hi = min(base, k), max(base, k)
             on_the_way = [v for j, v in measured.items() if j != base and lo <= j <= hi]
-            return max([scale * self.predict_step_s(k, n, staleness), *on_the_way])
+            return max([scale * self.model.predict_step_s(k, n, staleness), *on_the_way])
         return score
 
-    def _moves_to(self, num_rollout: int, target: int, blocking: bool = False) -> list[Move]:
+    def moves_to(self, num_rollout: int, target: int, blocking: bool = False) -> list[Move]:
         if target > num_rollout:
             return [Move("train->rollout", target - num_rollout, blocking)]
         if target < num_rollout:

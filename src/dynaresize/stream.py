@@ -10,6 +10,11 @@ the optimizer step (`Device.train_finish`) waits for all of them. The update is 
 function of the step's samples as without streaming (DESIGN §2.4): the composition of every
 micro-batch and the global token count do not depend on when groups finish.
 
+With a token budget (`train.max_tokens_per_micro_batch` > 0) the micro-batches are those of
+`train.balance`: each group is cut into token-budgeted micro-batches when it completes, with
+sparse global indices (`balance.slot_index`) known at once; `num_micro_batches` is then the
+index space (`balance.num_slots`), of which the empty slots are skipped at the finish.
+
 `StepStream` is the per-step state: which samples exist, which micro-batches are ready, and
 which training rank holds each accumulated micro-batch (`Holdings`). No asyncio, no devices.
 """
@@ -21,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dynaresize.samples import group_samples
+from dynaresize.train.balance import cut_group, num_slots, slot_index
 from dynaresize.types import Completion, TrainSample
 
 
@@ -28,23 +34,30 @@ class StepStream:
     """Micro-batches of one step as their groups complete (module docstring)."""
 
     def __init__(self, step: int, version: int, prompt_ids: Sequence[int],
-                 samples_per_prompt: int, micro_batch_size: int) -> None:
+                 samples_per_prompt: int, micro_batch_size: int,
+                 max_tokens_per_micro_batch: int = 0) -> None:
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
         keys = [(p, j) for p in sorted(prompt_ids) for j in range(samples_per_prompt)]
-        if len(keys) % micro_batch_size:
+        self.max_tokens = max_tokens_per_micro_batch
+        if not self.max_tokens and len(keys) % micro_batch_size:
             raise ValueError(f"{len(keys)} samples do not split into micro-batches of "
                              f"{micro_batch_size}")
         self.step = step
         self.version = version
         self.samples_per_prompt = samples_per_prompt
-        self._mb_keys = [keys[i:i + micro_batch_size]
-                         for i in range(0, len(keys), micro_batch_size)]
-        self._mbs_of_prompt: dict[int, list[int]] = {}
-        for m, mb in enumerate(self._mb_keys):
-            for prompt in dict.fromkeys(p for p, _ in mb):
-                self._mbs_of_prompt.setdefault(prompt, []).append(m)
-        self._missing_prompts = [len({p for p, _ in mb}) for mb in self._mb_keys]
+        self._position = {p: i for i, p in enumerate(sorted(prompt_ids))}
+        self._mb_keys: dict[int, list[tuple[int, int]]] = {}
+        """Micro-batch index -> its (prompt, sample) keys (token budget: once its group is
+        complete)."""
+        self._mbs_of_prompt: dict[int, list[int]] = {p: [] for p in prompt_ids}
+        if not self.max_tokens:
+            for m, i in enumerate(range(0, len(keys), micro_batch_size)):
+                self._mb_keys[m] = keys[i:i + micro_batch_size]
+                for prompt in dict.fromkeys(p for p, _ in self._mb_keys[m]):
+                    self._mbs_of_prompt[prompt].append(m)
+        self._num_groups_left = len(self._position)
+        self._missing_prompts = {m: len({p for p, _ in mb}) for m, mb in self._mb_keys.items()}
         self._pending: dict[int, dict[int, tuple[Completion, float]]] = {}
         self._samples: dict[tuple[int, int], TrainSample] = {}
         self._ready: list[int] = []
@@ -57,11 +70,15 @@ class StepStream:
 
     @property
     def num_micro_batches(self) -> int:
+        """What the optimizer step's `train_finish` gets: the micro-batch count, or with a
+        token budget the index space (`balance.num_slots`)."""
+        if self.max_tokens:
+            return num_slots(len(self._position), self.samples_per_prompt)
         return len(self._mb_keys)
 
     @property
     def complete(self) -> bool:
-        return len(self._ready) == len(self._mb_keys)
+        return self._num_groups_left == 0
 
     @property
     def ready(self) -> list[int]:
@@ -90,8 +107,11 @@ class StepStream:
             return []
         del self._pending[spec.prompt]
         self._add_group(spec.prompt, [group[j] for j in range(self.samples_per_prompt)])
+        self._num_groups_left -= 1
         for j, (c, _) in group.items():
             self._sample_tokens[(spec.prompt, j)] = c.num_prompt_tokens + c.num_tokens
+        if self.max_tokens:
+            self._cut(spec.prompt)
         newly = []
         for m in self._mbs_of_prompt[spec.prompt]:
             self._missing_prompts[m] -= 1
@@ -134,10 +154,28 @@ class StepStream:
         longest: at the rollout's end the micro-batches left hold far more than their count's
         share of the work."""
         num_ready = len(self._ready)
+        if self.max_tokens:  # unit: a group (its micro-batches are not cut yet)
+            num_done = len(self._position) - self._num_groups_left
+            mean = self._ready_tokens / num_done if num_done else 1.0
+            total = self._ready_tokens + self._num_groups_left * mean
+            done = sum(self._mb_tokens.get(m, 0) for m in held)
+            return max(0.0, 1.0 - done / total) if total > 0 else 0.0
         mean = self._ready_tokens / num_ready if num_ready else 1.0
         total = self._ready_tokens + (len(self._mb_keys) - num_ready) * mean
         done = sum(self._mb_tokens.get(m, mean) for m in held)
         return max(0.0, 1.0 - done / total) if total > 0 else 0.0
+
+    def _cut(self, prompt: int) -> None:
+        """Token budget: the micro-batches of a group that just completed."""
+        keys = [(prompt, j) for j in range(self.samples_per_prompt)]
+        start = 0
+        counts = [self._sample_tokens[key] for key in keys]
+        for chunk, size in enumerate(cut_group(counts, self.max_tokens)):
+            m = slot_index(self._position[prompt], self.samples_per_prompt, chunk)
+            self._mb_keys[m] = keys[start:start + size]
+            self._missing_prompts[m] = 1
+            self._mbs_of_prompt[prompt].append(m)
+            start += size
 
     def _add_group(self, prompt: int, group: list[tuple[Completion, float]]) -> None:
         for s in group_samples(self.step, self.version, prompt, [c for c, _ in group],

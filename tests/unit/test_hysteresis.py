@@ -40,12 +40,12 @@ def test_one_move_at_most_doubles_or_halves_either_stage() -> None:
     GPUs it once sent every trainer but one to the rollout). Splits measured recently stay
     candidates wherever they are."""
     ctl = HysteresisController(HysteresisParams())
-    assert ctl._candidates(128, 25, step=1) == list(range(13, 51))   # R <= 50 (T >= 52)
-    assert ctl._candidates(8, 2, step=1) == [1, 2, 3, 4]
-    assert ctl._candidates(8, 6, step=1) == [4, 5, 6, 7]              # T <= 4
-    ctl._split_step_s = {(False, 100): (9.0, 1)}
-    assert 100 in ctl._candidates(128, 25, step=2)
-    assert 100 not in ctl._candidates(128, 25, step=20)                # forgotten
+    assert ctl.split.candidates(128, 25, step=1) == list(range(13, 51))   # R <= 50 (T >= 52)
+    assert ctl.split.candidates(8, 2, step=1) == [1, 2, 3, 4]
+    assert ctl.split.candidates(8, 6, step=1) == [4, 5, 6, 7]              # T <= 4
+    ctl.split._split_step_s = {(False, 100): (9.0, 1)}
+    assert 100 in ctl.split.candidates(128, 25, step=2)
+    assert 100 not in ctl.split.candidates(128, 25, step=20)                # forgotten
 
 
 def test_a_first_move_on_the_models_word_needs_twice_the_band() -> None:
@@ -56,7 +56,7 @@ def test_a_first_move_on_the_models_word_needs_twice_the_band() -> None:
     def moves(hist: list[StepTiming], r: int, requests: int = 0) -> list[tuple[str, int]]:
         ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0,
                                                     engine_slots=32))
-        ctl._step_requests = requests
+        ctl.model.step_requests = requests
         v = view(len(hist), Allocation.initial(r, 16 - r), hist)
         return [(m.move, m.num_devices) for m in ctl.at_step_start(v)]
 
@@ -112,9 +112,9 @@ def test_cost_gate_blocks_moves_that_do_not_pay_off() -> None:
 def test_tail_release_at_staleness_0_and_return_next_step() -> None:
     ctl = HysteresisController(HysteresisParams(cost_margin=1.0, tail_batch=1))
     alloc = Allocation.initial(6, 2)
-    ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 50.0, 200.0, 300.0
-    ctl._seen_steps = 1
-    ctl._lend_ok = True  # the step runs in lending mode (chosen at its start)
+    ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 50.0, 200.0, 300.0
+    ctl.model.seen_steps = 1
+    ctl.model.lend_ok = True  # the step runs in lending mode (chosen at its start)
     hist = [timing(0, 100.0, 100.0, 6, 2)]
     busy = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=10,
                 resize_critical_s=[1.0])
@@ -124,9 +124,9 @@ def test_tail_release_at_staleness_0_and_return_next_step() -> None:
     assert ctl.on_rollout_progress(keeps_up) == []        # the trainers finish within the tail
     tail = view(1, alloc, hist, staleness=0, rollout_total=64, rollout_finished=62,
                 resize_critical_s=[1.0], train_todo=0.9)
-    ctl._lend_ok = False
+    ctl.model.lend_ok = False
     assert ctl.on_rollout_progress(tail) == []            # the mode without lending keeps them
-    ctl._lend_ok = True
+    ctl.model.lend_ok = True
     moves = ctl.on_rollout_progress(tail)
     assert [(m.move, m.num_devices) for m in moves] == [("rollout->train", 4)]
     assert ctl.on_rollout_progress(tail) == []            # the next wave waits for this one
@@ -138,7 +138,7 @@ def test_tail_release_at_staleness_0_and_return_next_step() -> None:
     assert [(m.move, m.num_devices) for m in back] == [("train->rollout", best - 2)]
     serial = HysteresisController(HysteresisParams())
     serial.streams_training = False
-    serial.tail_s, serial.train_dev_s, serial.bulk_dev_s = 50.0, 200.0, 300.0
+    serial.model.tail_s, serial.model.train_dev_s, serial.model.bulk_dev_s = 50.0, 200.0, 300.0
     # without streaming the stages add up: 50 + 300/R + 200/(8-R), least at R = 4
     assert min(range(1, 8), key=lambda r: serial.predict_step_s(r, 8, 0)) == 4
     assert ctl.predict_step_s(best, 8, 0) < serial.predict_step_s(4, 8, 0)
@@ -146,7 +146,7 @@ def test_tail_release_at_staleness_0_and_return_next_step() -> None:
 
 def test_no_tail_release_at_staleness_1() -> None:
     ctl = HysteresisController(HysteresisParams(cost_margin=0.0, tail_batch=1))
-    ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 50.0, 200.0, 300.0
+    ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 50.0, 200.0, 300.0
     v = view(1, Allocation.initial(6, 2), [], staleness=1, rollout_total=64,
              rollout_finished=62)
     assert ctl.on_rollout_progress(v) == []
@@ -157,8 +157,8 @@ def test_lending_at_rollout_end_stops_once_measured_slower() -> None:
     predicted to pay by far, and dropped (with the split it was chosen for) once the measured
     step time with lending is not better than without."""
     ctl = HysteresisController(HysteresisParams(cost_margin=1.0, min_dwell_steps=5))
-    ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 5.0, 800.0, 300.0
-    ctl._seen_steps = 1
+    ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 5.0, 800.0, 300.0
+    ctl.model.seen_steps = 1
     hist = [timing(0, 100.0, 100.0, 4, 4)]
     walls = [1.0]
 
@@ -168,14 +168,14 @@ def test_lending_at_rollout_end_stops_once_measured_slower() -> None:
         return [(m.move, m.num_devices) for m in ctl.at_step_start(v)]
 
     at(1, 0.0, Allocation.initial(4, 4))
-    assert ctl._lend_ok                      # training-heavy: lending predicted to pay
+    assert ctl.model.lend_ok                      # training-heavy: lending predicted to pay
     end = RunView(step=1, now_s=50.0, allocation=Allocation.initial(4, 4), staleness=0,
                   history=hist, resize_wall_s=walls, train_todo=0.8)
     assert [(m.move, m.num_devices) for m in ctl.at_rollout_end(end)] == [("rollout->train", 3)]
     # step 1 (lent) measured at 300 s; step 2 (not lent) at 100 s: lending stops
-    ctl._mode_step_s[False] = 100.0
+    ctl.split._mode_step_s[False] = 100.0
     at(2, 300.0, Allocation.initial(1, 7))
-    assert not ctl._lend_ok
+    assert not ctl.model.lend_ok
     end2 = RunView(step=2, now_s=350.0, allocation=Allocation.initial(4, 4), staleness=0,
                    history=hist, resize_wall_s=walls, train_todo=0.8)
     assert ctl.at_rollout_end(end2) == []
@@ -186,14 +186,14 @@ def test_unmeasured_lending_must_beat_the_models_own_error() -> None:
     the band plus how far the model missed the measured step time (not a fixed 20 %)."""
     def decide(measured_keep_s: float) -> bool:
         ctl = HysteresisController(HysteresisParams())
-        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 5.0, 800.0, 300.0
-        ctl._seen_steps, ctl._round_trip_s = 1, 10.0  # a guessed round trip
-        predicted = ctl._stream_s0(4, 8, False)
-        ctl._mode_step_s[False] = measured_keep_s * predicted
-        best_lend = min(ctl._stream_s0(r, 8, True) for r in range(1, 8))
-        best_keep = min(ctl._stream_s0(r, 8, False) for r in range(1, 8))
+        ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 5.0, 800.0, 300.0
+        ctl.model.seen_steps, ctl.model.round_trip_s = 1, 10.0  # a guessed round trip
+        predicted = ctl.model.stream_s0(4, 8, False)
+        ctl.split._mode_step_s[False] = measured_keep_s * predicted
+        best_lend = min(ctl.model.stream_s0(r, 8, True) for r in range(1, 8))
+        best_keep = min(ctl.model.stream_s0(r, 8, False) for r in range(1, 8))
         assert 0.05 < 1 - best_lend / best_keep < 0.2  # between the band and the old prior
-        return ctl._lending_pays(8, 4)
+        return ctl.lending.pays(8, 4)
 
     assert decide(1.0)          # the model matched the measured step: the band is enough
     assert not decide(1.5)      # it missed by 50 %: its predicted gain is not trusted
@@ -206,9 +206,9 @@ def test_staleness_0_lends_engines_the_tail_emptied_without_migrating() -> None:
     done, not in the mode without lending."""
     def progress(staleness: int, idle: int, todo: float, lend: bool = True) -> list:
         ctl = HysteresisController(HysteresisParams())
-        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 20.0, 800.0, 300.0
-        ctl._round_trip_s, ctl._round_trip_measured = 1.0, True
-        ctl._lend_ok = lend
+        ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 20.0, 800.0, 300.0
+        ctl.model.round_trip_s, ctl.model.round_trip_measured = 1.0, True
+        ctl.model.lend_ok = lend
         v = RunView(step=3, now_s=50.0, allocation=Allocation.initial(8, 2),
                     staleness=staleness, rollout_total=100, rollout_finished=60,
                     rollout_idle=idle, train_todo=todo,
@@ -227,12 +227,13 @@ def test_a_split_that_measured_slower_is_not_chosen_again_on_the_models_word() -
     a split measured on the way there), the model only for the rest, scaled to the
     current split's measurement."""
     ctl = HysteresisController(HysteresisParams())
-    ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 1.0, 100.0, 400.0  # model: more rollout
+    # the model wants more rollout
+    ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 1.0, 100.0, 400.0
     n, base = 16, 4
-    model = ctl._split_scores(n, base, 1, step=6)
+    model = ctl.split.scores(n, base, 1, step=6)
     assert min(range(1, n), key=model) > base  # the model alone would move
-    ctl._split_step_s = {(False, 4): (10.0, 5), (False, 8): (12.0, 5)}  # 8 measured slower
-    score = ctl._split_scores(n, base, 1, step=6)
+    ctl.split._split_step_s = {(False, 4): (10.0, 5), (False, 8): (12.0, 5)}  # 8 measured slower
+    score = ctl.split.scores(n, base, 1, step=6)
     assert score(8) == 12.0 and score(12) >= 12.0  # past 8, still no better than 8
     # only the unmeasured splits short of the one that measured slower remain candidates
     assert base <= min(range(1, n), key=lambda k: (score(k), abs(k - base))) < 8
@@ -263,7 +264,7 @@ def test_the_training_streamed_during_the_rollout_follows_when_its_work_is_ready
     steadily through the rollout (short, even lengths) keeps them busy, so no lending is
     needed; work ready only at the end (long-tailed groups) leaves it for after the rollout,
     where lending every engine but one pays."""
-    from dynaresize.hysteresis_lend import _streamed_dev_s
+    from dynaresize.hysteresis_model import streamed_dev_s as _streamed_dev_s
 
     steady = tuple((i + 1) / 10 for i in range(10))
     late = (0.0,) * 8 + (0.3, 1.0)
@@ -276,10 +277,10 @@ def test_the_training_streamed_during_the_rollout_follows_when_its_work_is_ready
 
     def lends(profile: tuple[float, ...]) -> bool:
         ctl = HysteresisController(HysteresisParams())
-        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 2.0, 800.0, 400.0
-        ctl._seen_steps, ctl._round_trip_s, ctl._round_trip_measured = 1, 1.0, True
-        ctl.ready_profile = profile
-        return ctl._lending_pays(8, 4)
+        ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 2.0, 800.0, 400.0
+        ctl.model.seen_steps, ctl.model.round_trip_s, ctl.model.round_trip_measured = 1, 1.0, True
+        ctl.model.ready_profile = profile
+        return ctl.lending.pays(8, 4)
 
     assert not lends(steady)
     assert lends(late)
@@ -294,11 +295,11 @@ def test_lending_needs_response_lengths_with_a_tail() -> None:
 
     def lends(response_cv: float | None) -> bool:
         ctl = HysteresisController(HysteresisParams())
-        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 20.0, 800.0, 400.0
-        ctl._seen_steps, ctl._round_trip_s, ctl._round_trip_measured = 1, 1.0, True
-        ctl.ready_profile, ctl.response_cv = late, response_cv
-        ctl._mode_step_s[False] = ctl._stream_s0(4, 8, False)
-        return ctl._lending_pays(8, 4)
+        ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 20.0, 800.0, 400.0
+        ctl.model.seen_steps, ctl.model.round_trip_s, ctl.model.round_trip_measured = 1, 1.0, True
+        ctl.model.ready_profile, ctl.model.response_cv = late, response_cv
+        ctl.split._mode_step_s[False] = ctl.model.stream_s0(4, 8, False)
+        return ctl.lending.pays(8, 4)
 
     assert lends(1.2)       # DAPO-like
     assert lends(None)      # not measured yet: the prediction decides
@@ -308,8 +309,8 @@ def test_lending_needs_response_lengths_with_a_tail() -> None:
     ctl = HysteresisController(HysteresisParams())
     hist = [StepTiming(0, 10.0, 5.0, 100, 4, 4, response_cv=0.0),
             StepTiming(1, 10.0, 5.0, 100, 4, 4)]  # step 1: not measured
-    ctl._update(view(2, Allocation.initial(4, 4), hist, staleness=0))
-    assert ctl.response_cv == 0.0
+    ctl.model.update(view(2, Allocation.initial(4, 4), hist, staleness=0))
+    assert ctl.model.response_cv == 0.0
 
 
 def test_a_move_the_trust_region_stopped_short_goes_on_at_staleness_0() -> None:
@@ -319,8 +320,9 @@ def test_a_move_the_trust_region_stopped_short_goes_on_at_staleness_0() -> None:
     def moves(staleness: int) -> list[list[tuple[str, int]]]:
         ctl = HysteresisController(HysteresisParams(cost_margin=0.0, min_dwell_steps=3,
                                                     release_tail=False))
-        ctl.tail_s, ctl.train_dev_s, ctl.bulk_dev_s = 0.0, 100.0, 10000.0  # rollout-heavy
-        ctl._seen_steps = 1
+        # rollout-heavy
+        ctl.model.tail_s, ctl.model.train_dev_s, ctl.model.bulk_dev_s = 0.0, 100.0, 10000.0
+        ctl.model.seen_steps = 1
         hist = [timing(0, 100.0, 10.0, 4, 28)]
         out = []
         for step, r in [(1, 4), (2, 8), (3, 16)]:

@@ -70,6 +70,7 @@ def test_device_stopped_between_steps_gets_no_rollout_work() -> None:
     workload = get_workload("drift", seed=0, requests_per_step=2048)
     costs = get_cost_model("h100-7b")
     cfg = sim_config(workload, 26, 6, 12, 1, 0, costs)
+    cfg.train.max_tokens_per_micro_batch = 0  # the training load the regression was found at
     controller = HysteresisController(HysteresisParams(band=0.0, min_dwell_steps=1))
     controller.streams_training = False  # the split moves this regression needs
     run = run_config(cfg, workload, costs, controller=controller)
@@ -112,6 +113,7 @@ def test_streaming_training_accumulates_every_micro_batch_once(
     costs = get_cost_model("h100-7b")
     cfg = sim_config(workload, 3, 3, 6, staleness, 0, costs)
     cfg.controller.pipeline_rollouts = pipelined
+    cfg.train.max_tokens_per_micro_batch = 0  # count micro-batches (0..M-1, no empty slots)
     run = run_config(cfg, workload, costs, controller=StreamingAlternate(True))
     assert run.orchestrator is not None and run.orchestrator.streaming
     assert run.orchestrator.pipelined == pipelined

@@ -70,7 +70,7 @@ def test_simulate_runs_faults_from_a_train_config(capsys: pytest.CaptureFixture[
                        "--json", "--out", str(tmp_path / "out"))
     assert code == 0
     rows = json.loads(out)["results"]
-    assert [r["policy"] for r in rows] == ["static", "borrow", "hysteresis"]  # no oracle
+    assert [r["policy"] for r in rows] == ["static", "borrow", "hysteresis", "reference"]
     assert all(r["num_faults"] == 1 and r["replayed_steps"] == 0 for r in rows)
     summary = json.loads((tmp_path / "out" / "static" / "summary.json").read_text())
     assert summary["kills"][0]["device"] == 5 and summary["faults"][0]["restored"]

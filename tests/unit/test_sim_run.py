@@ -18,10 +18,10 @@ KEYS = {"policy", "split", "mean_step_s", "p99_step_s", "samples_per_s", "tokens
 
 GOLDEN = {
     # (workload, gpus): policy -> (split, mean_step_s, num_resizes); steps=3, 64 requests, seed 1
-    ("dapo-7b", 8): {"static": ((6, 2), 131.9843, 0), "colocated": ((8, 8), 143.3167, 5),
-                     "borrow": ((6, 2), 131.9843, 4), "oracle": (None, 56.6828, 0)},
-    ("balanced", 6): {"static": ((4, 2), 6.7837, 0), "colocated": ((6, 6), 10.4977, 5),
-                      "borrow": ((4, 2), 9.2199, 2), "oracle": (None, 2.9074, 0)},
+    ("dapo-7b", 8): {"static": ((5, 3), 126.4846, 0), "colocated": ((8, 8), 127.1028, 5),
+                     "borrow": ((5, 3), 126.4846, 4), "oracle": (None, 56.6828, 0)},
+    ("balanced", 6): {"static": ((3, 3), 6.6848, 0), "colocated": ((6, 6), 10.4977, 5),
+                      "borrow": ((3, 3), 8.5251, 2), "oracle": (None, 2.9074, 0)},
 }
 
 
@@ -69,7 +69,8 @@ def test_simulate_is_deterministic() -> None:
 
 
 def test_unknown_policy_names_the_allowed_ones() -> None:
-    with pytest.raises(ValueError, match="policy 'nope': allowed: static, colocated, oracle"):
+    with pytest.raises(ValueError,
+                       match="policy .nope.: allowed: static, colocated, reference, oracle"):
         simulate("balanced", gpus=4, steps=1, requests_per_step=32, policies=("nope",))
 
 
@@ -122,3 +123,22 @@ def test_idle_device_seconds_per_step_is_the_bubble_in_device_seconds() -> None:
     summary = {"bubble_fraction": 0.25, "wall_s": 100.0}
     assert idle_device_s_per_step(summary, events, 5) == 0.25 * 4 * 100.0 / 5
     assert idle_device_s_per_step({"bubble_fraction": 0.0, "wall_s": 9.0}, events, 3) == 0.0
+
+
+def test_reference_is_a_fixed_streaming_split_and_hysteresis_is_reported_against_it() -> None:
+    """`reference`: the `fixed` policy (no resize; streaming training, pipelined rollouts) at
+    its best split; the output gives hysteresis as a fraction of each row and its churn."""
+    out = simulate("dapo-7b", gpus=6, steps=3, staleness=1, requests_per_step=64, seed=1,
+                   policies=("static", "hysteresis", "reference", "oracle"))
+    rows = {r["policy"]: r for r in out["results"]}
+    assert rows["reference"]["num_resizes"] == 0 and rows["reference"]["split"]
+    assert rows["reference"]["resizes_per_step"] == 0.0
+    assert set(out["hysteresis_vs"]) == {"static", "reference", "oracle"}
+    assert out["hysteresis_vs"]["oracle"] == pytest.approx(
+        rows["hysteresis"]["samples_per_s"] / rows["oracle"]["samples_per_s"], abs=1e-3)
+    churn = out["churn"]
+    assert churn["versus"] == "reference"
+    assert churn["resizes_per_step"] == pytest.approx(rows["hysteresis"]["num_resizes"] / 3,
+                                                      abs=1e-3)
+    assert churn["saved_s_per_step"] == pytest.approx(
+        rows["reference"]["mean_step_s"] - rows["hysteresis"]["mean_step_s"], abs=0.01)

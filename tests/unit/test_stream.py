@@ -166,3 +166,29 @@ def test_a_step_measures_the_spread_of_its_response_lengths() -> None:
     assert cv([5, 5, 5, 5]) == 0.0
     assert cv([2, 4, 6, 8]) == pytest.approx((5 ** 0.5) / 5)  # std sqrt(5), mean 5
     assert cv([1, 1, 1, 13]) == pytest.approx(27 ** 0.5 / 4)  # std sqrt(27), mean 4
+
+
+def test_token_budgeted_stream_cuts_each_group_as_it_completes() -> None:
+    """With a token budget the stream's micro-batches and their (sparse) indices are the
+    balanced plan's (`train.balance`), each known when its group completes."""
+    from dynaresize.train.balance import num_slots, token_micro_batches
+
+    prompts, n, budget = [7, 3, 11], 4, 12
+    comps = [_completion(1, p, j, length=1 + (p * j) % 9) for p in prompts for j in range(n)]
+    rewards = {(c.spec.prompt, c.spec.sample): float(c.spec.sample % 2) for c in comps}
+    stream = StepStream(1, 0, prompts, n, 2, max_tokens_per_micro_batch=budget)
+    order = comps[:]
+    random.Random(1).shuffle(order)
+    first_group_done = False
+    for c in order:
+        newly = stream.add(c, rewards[(c.spec.prompt, c.spec.sample)])
+        if newly and not first_group_done:
+            first_group_done = True
+            assert not stream.complete and 0 < stream.todo_fraction([]) <= 1.0
+    assert stream.complete and stream.num_micro_batches == num_slots(3, n)
+    full = assemble_step(1, 0, {(p, j) for p in prompts for j in range(n)}, comps, rewards, 0.0)
+    reference = token_micro_batches(full.samples, budget)
+    assert len(reference) > len(prompts)                      # some group was cut
+    assert sorted(stream.ready) == [m for m, _ in reference]
+    assert [stream.micro_batch(m) for m, _ in reference] == [mb for _, mb in reference]
+    assert stream.todo_fraction(stream.ready) == 0.0

@@ -82,6 +82,13 @@ class TrainConfig:
         "Samples per micro-batch; must divide the global batch (prompts_per_step x "
         "samples_per_prompt). Micro-batches are dealt to training ranks.", default=8
     )
+    max_tokens_per_micro_batch: int = _doc(
+        "Token budget of a micro-batch (prompt + response tokens; 0: micro_batch_size samples "
+        "each, dealt round-robin). > 0: each GRPO group is cut into micro-batches of at most "
+        "this many tokens (a longer sample alone), assigned to the training ranks by LPT on "
+        "their tokens; the same update for any number of ranks (docs/training-balance.md).",
+        default=0
+    )
     clip_eps: float = _doc("PPO clip range.", default=0.2)
     kl_coef: float = _doc("KL penalty to the initial (reference) policy; 0 disables it.",
                           default=0.0)

@@ -98,6 +98,7 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
             "train.micro_batch_size", m.micro_batch_size,
             f"must divide the global batch of {cfg.global_batch_size} samples "
             f"(task.prompts_per_step x task.samples_per_prompt)")
+    _non_negative("train.max_tokens_per_micro_batch", m.max_tokens_per_micro_batch)
     _positive("train.clip_eps", m.clip_eps)
     _non_negative("train.kl_coef", m.kl_coef)
     _non_negative("train.max_grad_norm", m.max_grad_norm)

@@ -110,7 +110,8 @@ class Orchestrator:
         self.engines = engines = EnginePool(state, clock, rundir, self.background)
         self.executor = ResizeExecutor(state.devices, clock, rundir, engines,
                                        cfg.resize.staging_bytes, fail=fail_op)
-        stepper = PlainStep(cfg.train.micro_batch_size, clock, injector)
+        stepper = PlainStep(cfg.train.micro_batch_size, clock, injector,
+                            cfg.train.max_tokens_per_micro_batch)
         self.recovery: Recovery | NullRecovery = NullRecovery() if faults is None else \
             Recovery(faults, state, engines, self.executor, stepper, clock, rundir)
         self.checkpointer: Checkpointer | NullCheckpointer = NullCheckpointer() \

@@ -14,8 +14,11 @@ from dynaresize.train.batching import global_num_tokens, plan_step
 
 class PlainStep:
     def __init__(self, micro_batch_size: int, clock: Clock,
-                 injector: FaultInjector | None = None) -> None:
+                 injector: FaultInjector | None = None,
+                 max_tokens_per_micro_batch: int = 0) -> None:
         self.micro_batch_size = micro_batch_size
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        """`train.max_tokens_per_micro_batch` (0: micro-batches of `micro_batch_size` samples)."""
         self.clock = clock
         self.injector = injector
         """faults.FaultInjector (`[[faults.kill]]`: kills during a published step), or None."""
@@ -24,7 +27,8 @@ class PlainStep:
                   publish: bool = False) -> tuple[list[dict[str, float]], float, list]:
         """One optimizer step of `step` on `trainers` (+ the weight gather if `publish`);
         returns (stats, time training ended, handles)."""
-        plan = plan_step(got.samples, self.micro_batch_size, len(trainers))
+        plan = plan_step(got.samples, self.micro_batch_size, len(trainers),
+                         self.max_tokens_per_micro_batch)
         global_tokens = global_num_tokens(got.samples)
         train = asyncio.gather(*(d.train_step(step, plan[r], global_tokens)
                                  for r, d in enumerate(trainers)))

@@ -132,7 +132,8 @@ class RolloutLoop:
         stream = None
         if self.streaming:
             stream = StepStream(step, version, list(by_id), cfg.task.samples_per_prompt,
-                                cfg.train.micro_batch_size)
+                                cfg.train.micro_batch_size,
+                                cfg.train.max_tokens_per_micro_batch)
             self.board.post_stream(step, stream)
         holder: list[RolloutRun] = []
         changed = self.board.changed

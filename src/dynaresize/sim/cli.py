@@ -59,6 +59,16 @@ def format_table(out: dict[str, Any]) -> str:
     if oracle:
         lines.append(f"oracle: {oracle['tail_bound_steps']} tail-bound, "
                      f"{oracle['work_bound_steps']} work-bound steps")
+    if out.get("hysteresis_vs"):
+        lines.append("hysteresis samples/s as a fraction of: " + ", ".join(
+            f"{p} {x:.2f}x" for p, x in out["hysteresis_vs"].items()))
+    churn = out.get("churn")
+    if churn:
+        saved = churn["saved_s_per_step"]
+        lines.append(f"hysteresis churn: {churn['resizes_per_step']:.2f} resizes/step, "
+                     f"{churn['resize_s_per_step']:.2f} s/step on resizes' critical paths"
+                     + (f", saves {saved:.2f} s/step vs {churn['versus']}"
+                        if saved is not None else ""))
     return "\n".join(lines)
 
 

@@ -77,6 +77,12 @@ class StepSubset(Workload):
         return self._inner.step_requests(self._steps[step])
 
 
+TWIN_MAX_TOKENS_PER_MICRO_BATCH = 16384
+"""The twin's GPU deployments train token-budgeted micro-batches balanced over the ranks
+(`train.balance`), as GPU trainers do (verl's per-GPU token budget defaults to 16,384); the
+measured gain does not depend on the budget between 4k and 64k tokens (docs/simulator.md)."""
+
+
 @dataclass(frozen=True)
 class TwinFaults:
     """What `dynaresize simulate --config/--set` adds to a twin run: injected device deaths
@@ -102,6 +108,7 @@ def sim_config(workload: Workload, num_rollout: int, num_train: int, steps: int,
     cfg.rollout.max_running_requests = costs.max_running_requests
     cfg.rollout.slice_s = 30.0
     cfg.train.micro_batch_size = workload.samples_per_prompt
+    cfg.train.max_tokens_per_micro_batch = TWIN_MAX_TOKENS_PER_MICRO_BATCH
     cfg.allocation.num_rollout_devices, cfg.allocation.num_train_devices = num_rollout, num_train
     cfg.devices.backend = "sim"
     cfg.controller.policy = "static"  # the split as given; run_policy sets another
@@ -224,7 +231,8 @@ def results_row(policy: str, run: SimRun, split: dict[str, int] | None) -> dict[
             "idle_device_s_per_step": round(idle_device_s_per_step(
                 s, run.rundir.events, s["steps"]), 2),
             "mean_rollout_devices": round(float(np.mean(
-                [m["num_rollout_devices"] for m in metrics])), 2), **fault_columns(s)}
+                [m["num_rollout_devices"] for m in metrics])), 2), **fault_columns(s),
+            **_churn(run, len(metrics))}
 
 
 def fault_columns(summary: dict[str, Any]) -> dict[str, Any]:
@@ -237,6 +245,15 @@ def fault_columns(summary: dict[str, Any]) -> dict[str, Any]:
             "recovery_s": round(sum(f.get("recovery_s", 0.0) for f in faults), 4),
             "replayed_steps": sum(f.get("replayed_steps", 0) for f in faults),
             "kills_not_fired": len(summary.get("kills_not_fired", []))}
+
+
+def _churn(run: SimRun, num_steps: int) -> dict[str, float]:
+    """Resizes per step and their critical-path seconds per step (orchestrator runs only)."""
+    if run.orchestrator is None or not num_steps:
+        return {}
+    done = [r for r in run.orchestrator.resizer.reports if r.ok]
+    return {"resizes_per_step": round(len(done) / num_steps, 3),
+            "resize_s_per_step": round(sum(r.critical_path_s for r in done) / num_steps, 2)}
 
 
 def workload_for_config(cfg: Config, name: str = "balanced") -> Workload:

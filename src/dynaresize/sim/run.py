@@ -8,7 +8,10 @@ Policies (`simulate(policies=...)`):
   neighbours at spacing N/32, halving down to max(1, N/128) (beyond 128 devices a few
   devices change the step time by well under 1%); finally the whole run at the best split.
   It assumes the mean step time is unimodal in the split near the analytic optimum.
-- `oracle`: the lower bound of `oracle.py` (resizes free).
+- `oracle`: the lower bound of `oracle.py` (resizes free, clairvoyant).
+- `reference`: what users could configure by hand, non-clairvoyant: the `fixed` policy
+  (`dynaresize.fixed_split`: one split, streaming training, pipelined rollouts at staleness
+  >= 1) at its best split, searched like `static`'s.
 - `colocated`: `colocated.py` (all devices roll out, then all train, with the switch cost).
 - any policy registered with `dynaresize.controller.register_policy` (`borrow`, and
   `hysteresis` once `dynaresize.hysteresis` exists): the orchestrator with that controller,
@@ -50,7 +53,7 @@ from dynaresize.sim.oracle import (
 )
 from dynaresize.sim.workloads import Workload, resolve_workload
 
-BUILTIN_POLICIES = ("static", "colocated", "oracle")
+BUILTIN_POLICIES = ("static", "colocated", "reference", "oracle")
 NOT_ORCHESTRATOR = ("colocated", "oracle")
 """Policies that do not run the orchestrator (no device deaths, no checkpoints)."""
 
@@ -62,10 +65,10 @@ def load_policies() -> tuple[str, ...]:
 
 
 def default_policies() -> tuple[str, ...]:
-    """static, colocated, borrow, hysteresis (if registered) and oracle."""
+    """static, colocated, borrow, hysteresis (if registered), reference and oracle."""
     known = load_policies()
-    return tuple(p for p in ("static", "colocated", "borrow", "hysteresis", "oracle")
-                 if p in known)
+    return tuple(p for p in ("static", "colocated", "borrow", "hysteresis", "reference",
+                             "oracle") if p in known)
 
 
 def _sub(out_dir: str | Path | None, policy: str) -> Path | None:
@@ -123,9 +126,11 @@ class _Analytic:
 
 
 def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
-                 costs: CostModel, probe_steps: int = 2) -> tuple[int, int]:
-    """Coarse-to-fine search of the best static split (module docstring). Returns (best
-    number of rollout devices, number of splits simulated)."""
+                 costs: CostModel, probe_steps: int = 2,
+                 policy: str = "static") -> tuple[int, int]:
+    """Coarse-to-fine search of the best static split (module docstring) of `policy`
+    (`static`, or a controller that never moves: `fixed`). Returns (best number of rollout
+    devices, number of splits simulated)."""
     if gpus < 2:
         raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
     picked = sorted({int(k) for k in np.linspace(0, steps - 1, min(steps, probe_steps))})
@@ -136,8 +141,10 @@ def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed
 
     def score(r: int) -> float:
         if r not in scores:
-            scores[r] = run_static(probe, gpus, r, len(picked), staleness, seed,
-                                   costs)["mean_step_s"]
+            scores[r] = (run_static(probe, gpus, r, len(picked), staleness, seed, costs)
+                         if policy == "static" else
+                         run_policy(policy, probe, gpus, r, len(picked), staleness, seed,
+                                    costs))["mean_step_s"]
         return scores[r]
 
     spacing, finest = max(1, gpus // 32), max(1, gpus // 128)
@@ -224,6 +231,17 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
             results.append(row)
             lap(policy)
             continue
+        if policy == "reference":
+            ref = (split, 0) if split is not None else search_split(
+                wl, gpus, steps, staleness, seed, costs, policy="fixed")
+            lap("reference-search")
+            row = run_policy("fixed", wl, gpus, ref[0], steps, staleness, seed, costs,
+                             _sub(out_dir, policy), faults)
+            row.update(policy="reference", num_splits_tried=ref[1])
+            row.pop("split_is_initial", None)
+            results.append(row)
+            lap(policy)
+            continue
         if best is None:
             best = search_split(wl, gpus, steps, staleness, seed, costs)
             lap("search")
@@ -238,5 +256,29 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
         lap(policy)
     if timings is not None:
         timings.pop("-", None)
-    return {"workload": wl.name, "gpus": gpus, "steps": steps, "staleness": staleness,
-            "cost_model": f"{costs.gpu.name}/{costs.model.name}", "results": results}
+    out = {"workload": wl.name, "gpus": gpus, "steps": steps, "staleness": staleness,
+           "cost_model": f"{costs.gpu.name}/{costs.model.name}", "results": results}
+    out.update(hysteresis_summary(results))
+    return out
+
+
+def hysteresis_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """`hysteresis_vs`: hysteresis's samples/s as a fraction of every other row's (the
+    `oracle` bound and the `reference` users could configure among them); `churn`: its
+    resizes and their critical-path seconds per step against the seconds per step it saves
+    over the best fixed split (`reference`, else `static`). Empty without a hysteresis row."""
+    rows = {r["policy"]: r for r in results}
+    hyst = rows.get("hysteresis")
+    if hyst is None:
+        return {}
+    out: dict[str, Any] = {"hysteresis_vs": {
+        p: round(hyst["samples_per_s"] / r["samples_per_s"], 3)
+        for p, r in rows.items() if p != "hysteresis" and r["samples_per_s"] > 0}}
+    base = rows.get("reference") or rows.get("static")
+    if "resize_s_per_step" in hyst:
+        out["churn"] = {"resizes_per_step": hyst["resizes_per_step"],
+                        "resize_s_per_step": hyst["resize_s_per_step"],
+                        "saved_s_per_step": round(base["mean_step_s"] - hyst["mean_step_s"], 2)
+                        if base else None,
+                        "versus": base["policy"] if base else None}
+    return out

@@ -6,8 +6,10 @@
 - `deal(num_micro_batches, num_ranks)`: micro-batch i → rank i mod R, each rank's list padded
   with None so every rank runs the same number of forward/backward rounds (FSDP collectives
   need equal call counts on every rank).
-- `plan_step(samples, micro_batch_size, num_ranks)`: both at once; element r is what training
-  rank r passes to `FSDPTrainer.train_step`.
+- `plan_step(samples, micro_batch_size, num_ranks, max_tokens_per_micro_batch=0)`: both at
+  once; element r is what training rank r passes to `FSDPTrainer.train_step`. With a token
+  budget (> 0) the plan is `balance.balanced_plan` instead: token-budgeted micro-batches,
+  balanced over the ranks by LPT, each carrying its global index.
 - `global_num_tokens(samples)`: the response-token count the loss is divided by.
 - `pack(micro_batch)`: samples → right-padded tensors (`PackedBatch`), positions aligned so that
   position j holds what is needed to score token j + 1.
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dynaresize.train.balance import balanced_plan
 from dynaresize.types import TrainSample
 
 if TYPE_CHECKING:
@@ -62,9 +65,13 @@ def deal(num_micro_batches: int, num_ranks: int) -> list[list[int | None]]:
     return plan
 
 
-def plan_step(samples: Sequence[TrainSample], micro_batch_size: int,
-              num_ranks: int) -> list[list[MicroBatch | None]]:
-    """Per training rank, the micro-batches (None: padding round) for `train_step`."""
+def plan_step(samples: Sequence[TrainSample], micro_batch_size: int, num_ranks: int,
+              max_tokens_per_micro_batch: int = 0) -> list[list[MicroBatch | None]]:
+    """Per training rank, the micro-batches (None: padding round) for `train_step`: fixed
+    counts dealt round-robin, or (`max_tokens_per_micro_batch` > 0) the balanced plan."""
+    if max_tokens_per_micro_batch > 0:
+        return balanced_plan(samples, max_tokens_per_micro_batch,  # type: ignore[return-value]
+                             num_ranks)
     micro_batches = make_micro_batches(samples, micro_batch_size)
     return [[None if i is None else micro_batches[i] for i in indices]
             for indices in deal(len(micro_batches), num_ranks)]

@@ -170,32 +170,41 @@ class ExactReducer:
         self.held.compute_s += held.compute_s
 
     # ------------------------------------------------------------------ collective
-    def combine(self, step: int, num_micro_batches: int, optimizer_step: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Collective: (g_0 + ... + g_{M-1} [P] fp32, summed stats float64 [4]), both in index
+    def combine(self, step: int, num_micro_batches: int, optimizer_step: int,
+                num_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Collective: (sum of the held g_m [P] fp32, summed stats float64 [4]), both in index
         order and identical on every rank; ValueError on every rank if a micro-batch is held
-        by no rank or by several, or holdings are of another step."""
+        by several ranks, holdings are of another step, or an index is held by no rank --
+        unless `num_tokens` is given and the held micro-batches hold exactly that many
+        response tokens: then the indices held by none are empty slots (the balanced plan's
+        sparse indices, `balance.slot_index`) and are skipped (adding only the rows that
+        exist, in index order, gives the bits a dense numbering of them would)."""
         m_count, held = num_micro_batches, self.held
-        flags = torch.zeros(m_count + 3, dtype=torch.int64, device=self.device)
+        flags = torch.zeros(m_count + 4, dtype=torch.int64, device=self.device)
         if held is not None:
             for m in held.grads:
                 flags[min(m, m_count)] += 1
             flags[m_count + 1] = int(held.step != step)
             flags[m_count + 2] = int(held.optimizer_step != optimizer_step)
+            flags[m_count + 3] = sum(int(held.stats[m][2]) for m in held.grads)
         dist.all_reduce(flags, group=self.group)
-        self._check(flags.tolist(), step, m_count)
-        stats = torch.zeros(m_count, 4, dtype=torch.float64, device=self.device)
-        grads = torch.zeros(m_count, self.num_params, dtype=torch.float32, device=self.device)
+        counts = flags.tolist()
+        gaps_ok = num_tokens is not None and counts[m_count + 3] == num_tokens
+        self._check(counts, step, m_count, gaps_ok)
+        rows = [m for m in range(m_count) if counts[m]]
+        row_of = {m: i for i, m in enumerate(rows)}
+        stats = torch.zeros(len(rows), 4, dtype=torch.float64, device=self.device)
+        grads = torch.zeros(len(rows), self.num_params, dtype=torch.float32, device=self.device)
         for m in held.grads if held is not None else ():
-            stats[m], grads[m] = held.stats[m], held.grads[m]
+            stats[row_of[m]], grads[row_of[m]] = held.stats[m], held.grads[m]
         dist.all_reduce(stats, group=self.group)
         dist.all_reduce(grads, group=self.group)  # one non-zero addend per element: exact
         return ordered_sum(grads), ordered_sum(stats)
 
     @staticmethod
-    def _check(flags: list[int], step: int, m_count: int) -> None:
+    def _check(flags: list[int], step: int, m_count: int, gaps_ok: bool = False) -> None:
         counts = flags[:m_count]
-        missing = [m for m, c in enumerate(counts) if c == 0]
+        missing = [] if gaps_ok else [m for m, c in enumerate(counts) if c == 0]
         twice = {m: c for m, c in enumerate(counts) if c > 1}
         problems = []
         if missing:
@@ -210,6 +219,8 @@ class ExactReducer:
         if flags[m_count + 2]:
             problems.append(f"{flags[m_count + 2]} rank(s) hold gradients taken at other "
                             "parameters (another optimizer step)")
+        if not any(counts):
+            problems.append("no micro-batch is held")
         if problems:
             raise ValueError(f"finish of step {step}: " + "; ".join(problems)
                              + " (holdings are left as they were)")

@@ -38,6 +38,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from dynaresize.config import TrainConfig
+from dynaresize.train.balance import IndexedMicroBatch
 from dynaresize.train.batching import MicroBatch
 from dynaresize.train.exact import ExactReducer, HeldGradients, scale_and_clip_
 from dynaresize.train.forward import LossSpec, micro_batch_loss, padding_micro_batch
@@ -99,7 +100,8 @@ class FSDPTrainer(ShardedState):
     def train_step(self, micro_batches: list[MicroBatch | None],
                    global_num_tokens: int) -> dict[str, float]:
         """Forward/backward this rank's micro-batches (None: padding round), clip, one AdamW
-        step. Element k of rank r's list is global micro-batch k * R + r (`batching.deal`).
+        step. Element k of rank r's list is global micro-batch k * R + r (`batching.deal`), or
+        its own `global_index` (`balance.IndexedMicroBatch`, the balanced plan).
         Metrics are global (identical on every rank)."""
         if global_num_tokens <= 0:
             raise ValueError(f"global_num_tokens must be > 0, got {global_num_tokens}")
@@ -110,8 +112,7 @@ class FSDPTrainer(ShardedState):
         if stale:
             self.sync_replica()
         step = self.optimizer_step_count()
-        mine = [(k * self.num_ranks + self.rank, mb)
-                for k, mb in enumerate(micro_batches) if mb is not None]
+        mine = [(self._index(k, mb), mb) for k, mb in enumerate(micro_batches) if mb is not None]
         try:
             self.exact.accumulate(step, mine, step)
             metrics = self.finish(step, num_micro_batches, global_num_tokens)
@@ -162,6 +163,13 @@ class FSDPTrainer(ShardedState):
             raise ValueError(f"global_num_tokens = {global_num_tokens} but the group's "
                              f"micro-batches hold {tokens} response tokens")
 
+    def _index(self, k: int, micro_batch: MicroBatch) -> int:
+        """The global index of this rank's k-th micro-batch: its own (the balanced plan) or
+        round-robin's k * R + rank."""
+        if isinstance(micro_batch, IndexedMicroBatch):
+            return micro_batch.global_index
+        return k * self.num_ranks + self.rank
+
     def _check_rounds(self, micro_batches: list[MicroBatch | None]) -> tuple[int, bool]:
         """Unequal round counts (or an empty micro-batch on one rank) would deadlock FSDP's
         collectives and break the index of a round: agree first, and fail on every rank
@@ -169,7 +177,7 @@ class FSDPTrainer(ShardedState):
         is stale)."""
         num_rounds = len(micro_batches)
         num_empty = sum(1 for mb in micro_batches if mb is not None and not mb)
-        top = max((k * self.num_ranks + self.rank + 1 for k, mb in enumerate(micro_batches)
+        top = max((self._index(k, mb) + 1 for k, mb in enumerate(micro_batches)
                    if mb is not None), default=0)
         held = int(self.exact is not None and self.exact.held is not None)
         stale = int(self.exact is not None and not self.exact.fresh)
@@ -214,8 +222,9 @@ class FSDPTrainer(ShardedState):
     def finish(self, step: int, num_micro_batches: int,
                global_num_tokens: int) -> dict[str, float]:
         """COLLECTIVE: combine the group's holdings of `step` (every index 0..M-1 held by
-        exactly one rank), sum them in index order, / global_num_tokens, clip, one AdamW
-        step; holdings are dropped. Metrics are identical on every rank, except `train_s`
+        exactly one rank, or by none where the held ones already hold `global_num_tokens`:
+        the balanced plan's empty slots), sum them in index order, / global_num_tokens, clip,
+        one AdamW step; holdings are dropped. Metrics are identical on every rank, except `train_s`
         (this rank's accumulate compute + this call). On ValueError (an index held by no rank
         or by two, another step, a wrong token count) nothing changes, on every rank."""
         exact = self._exact()
@@ -223,7 +232,8 @@ class FSDPTrainer(ShardedState):
             raise ValueError(f"num_micro_batches ({num_micro_batches}) and global_num_tokens "
                              f"({global_num_tokens}) must be > 0")
         t0 = time.perf_counter()
-        grad, stats = exact.combine(step, num_micro_batches, self.optimizer_step_count())
+        grad, stats = exact.combine(step, num_micro_batches, self.optimizer_step_count(),
+                                    global_num_tokens)
         self._check_tokens(stats, global_num_tokens)
         grad_norm = scale_and_clip_(grad, global_num_tokens, self.config.max_grad_norm)
         exact.write_grads(grad)
