@@ -22,26 +22,8 @@ Pure decision logic over `RunView` (no devices, clocks or I/O): it runs live and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from dynaresize.config import Config
-from dynaresize.controller import Move, RunView, register_policy
-
-
-@dataclass(frozen=True)
-class BorrowConfig:
-    min_remaining_fraction: float = 0.5
-    """Lend only while at least this share of the step's requests is unfinished."""
-    return_fraction: float = 0.9
-    """Return the borrowed devices once this share of the requests has finished."""
-    borrow_fraction: float = 0.5
-    """Share of the training pool lent."""
-    min_train_devices: int = 1
-    """Never lend these last training devices."""
-    window_factor: float = 2.0
-    """Remaining rollout must be at least this many times the lend + return cost."""
-    prior_switch_s: float = 5.0
-    """Assumed critical path of one resize before any was measured, seconds."""
+from dynaresize.config import BorrowConfig, Config
+from dynaresize.controller import Move, RunView
 
 
 class BorrowController:
@@ -54,6 +36,11 @@ class BorrowController:
         self._step = -1
         self._closed_step = -1
         """The step in which `on_rollout_progress` can return nothing more."""
+
+    @classmethod
+    def build(cls, cfg: Config) -> BorrowController:
+        """`controller.policy = "borrow"`, parameters from `[controller.borrow]`."""
+        return cls(cfg.controller.borrow)
 
     @property
     def needs_progress(self) -> bool:
@@ -113,11 +100,3 @@ class BorrowController:
 
     def at_rollout_end(self, view: RunView) -> list[Move]:
         return self._return()
-
-
-def make_borrow(cfg: Config) -> BorrowController:
-    """Factory of `controller.policy = "borrow"` (defaults of `BorrowConfig`)."""
-    return BorrowController()
-
-
-register_policy("borrow", make_borrow)

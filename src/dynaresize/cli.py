@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dynaresize.config import Config, ConfigError, load_config, to_toml
+from dynaresize.policies import check_policy
 
 EXIT_USAGE = 2
 
@@ -55,6 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = _resume_config(args)
     else:
         cfg = load_config(args.config, args.set or [], check_machine=not args.address)
+    check_policy(cfg)
     _check_task_data(cfg)
     if args.dry_run:
         print(to_toml(cfg), end="")

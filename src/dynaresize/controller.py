@@ -15,7 +15,6 @@ config's forced `[[resize.schedule]]`; it is also the `static` policy (an empty 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,7 +52,7 @@ class StepTiming:
     last slice of the step); 0: not measured."""
     rollout_tail_device_s: float = 0.0
     """Of `rollout_device_s`, those after the remaining requests first fit on the engines at
-    `controller.tail_batch` each: engines waiting for their last requests (about the same
+    `controller.hysteresis.tail_batch` each: engines waiting for their last requests (about the same
     time per engine, whatever the width)."""
 
     ready_profile: tuple[float, ...] = ()
@@ -122,6 +121,11 @@ class ScheduleController:
     def __init__(self, entries: list[ResizeEntry]) -> None:
         self._pending = list(entries)
 
+    @classmethod
+    def build(cls, cfg: Config) -> ScheduleController:
+        """`controller.policy = "static"` (with any forced `[[resize.schedule]]`)."""
+        return cls(schedule_order(cfg))
+
     def _take(self, step: int, fraction: float | None) -> list[Move]:
         due = [e for e in self._pending if e.step < step or (
             e.step == step and (fraction is None or e.fraction <= fraction))]
@@ -143,45 +147,3 @@ class ScheduleController:
 
     def at_rollout_end(self, view: RunView) -> list[Move]:
         return self._take(view.step, None)
-
-
-CONTROLLERS: dict[str, Callable[[Config], Controller]] = {
-    "static": lambda cfg: ScheduleController(schedule_order(cfg)),
-}
-"""Policy name → factory. Other modules register theirs (see `register_policy`)."""
-
-
-def register_policy(name: str, factory: Callable[[Config], Controller]) -> None:
-    CONTROLLERS[name] = factory
-
-
-POLICY_MODULES = ("dynaresize.hysteresis", "dynaresize.borrow", "dynaresize.fixed_split")
-"""Modules that register their policy on import."""
-
-
-def load_policy_modules() -> tuple[str, ...]:
-    """Import the modules that register policies (missing ones are skipped); return every
-    registered policy name."""
-    import importlib
-
-    for name in POLICY_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    return tuple(sorted(CONTROLLERS))
-
-
-def make_controller(cfg: Config) -> Controller:
-    """The controller of `cfg.controller.policy`; a non-empty `[[resize.schedule]]` forces its
-    resizes and nothing else (the `static` policy with that schedule), whatever the policy."""
-    if cfg.resize.schedule:
-        return ScheduleController(schedule_order(cfg))
-    load_policy_modules()
-    try:
-        factory = CONTROLLERS[cfg.controller.policy]
-    except KeyError:
-        raise ValueError(f"controller.policy = {cfg.controller.policy!r}: allowed "
-                         f"{', '.join(sorted(CONTROLLERS))}") from None
-    return factory(cfg)

@@ -11,7 +11,7 @@ best split (searched), the non-clairvoyant yardstick next to the `oracle` bound.
 from __future__ import annotations
 
 from dynaresize.config import Config
-from dynaresize.controller import Controller, Move, RunView, register_policy
+from dynaresize.controller import Controller, Move, RunView
 
 
 class FixedSplit(Controller):
@@ -21,6 +21,11 @@ class FixedSplit(Controller):
     needs_progress = False
     """No `on_rollout_progress` calls needed (the orchestrator may skip them)."""
 
+    @classmethod
+    def build(cls, cfg: Config) -> FixedSplit:
+        """`controller.policy = "fixed"`."""
+        return cls()
+
     def at_step_start(self, view: RunView) -> list[Move]:
         return []
 
@@ -29,10 +34,3 @@ class FixedSplit(Controller):
 
     def at_rollout_end(self, view: RunView) -> list[Move]:
         return []
-
-
-def make_fixed(cfg: Config) -> FixedSplit:
-    return FixedSplit()
-
-
-register_policy("fixed", make_fixed)

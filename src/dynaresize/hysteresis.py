@@ -62,12 +62,12 @@ micro-batches as their groups complete, see `dynaresize.stream`):
 from __future__ import annotations
 
 from dynaresize.config import Config
-from dynaresize.controller import Controller, Move, RunView, register_policy
+from dynaresize.controller import Controller, Move, RunView
 from dynaresize.hysteresis_lend import Lending
 from dynaresize.hysteresis_model import HysteresisParams, StageModel
 from dynaresize.hysteresis_split import MEASURED_FOR_STEPS, SplitChoice
 
-__all__ = ["HysteresisController", "HysteresisParams", "make_hysteresis"]
+__all__ = ["HysteresisController", "HysteresisParams"]
 
 UNMEASURED_BAND = 2.0
 """Bands a move to a split not measured recently must promise (staleness >= 1, lightly loaded
@@ -87,6 +87,16 @@ class HysteresisController(Controller):
         self._capped = 0
         """Staleness 0: +1 / -1 if the last split change stopped at the trust region's edge
         going up / down (the model wanted more rollout devices / fewer), else 0."""
+
+    @classmethod
+    def build(cls, cfg: Config) -> HysteresisController:
+        """`controller.policy = "hysteresis"`, parameters from `[controller.hysteresis]`."""
+        c = cfg.controller.hysteresis
+        return cls(HysteresisParams(
+            band=c.band, min_dwell_steps=c.min_dwell_steps, horizon_steps=c.horizon_steps,
+            cost_margin=c.cost_margin, release_tail=c.release_tail, tail_batch=c.tail_batch,
+            engine_slots=cfg.rollout.max_running_requests, resize_guess_s=c.resize_guess_s,
+            lend_min_cv=c.lend_min_cv))
 
     @property
     def streams_training(self) -> bool:
@@ -160,15 +170,3 @@ class HysteresisController(Controller):
 
     def at_rollout_end(self, view: RunView) -> list[Move]:
         return self.lending.at_rollout_end(view)
-
-
-def make_hysteresis(cfg: Config) -> HysteresisController:
-    c = cfg.controller
-    return HysteresisController(HysteresisParams(
-        band=c.band, min_dwell_steps=c.min_dwell_steps, horizon_steps=c.horizon_steps,
-        cost_margin=c.cost_margin, release_tail=c.release_tail, tail_batch=c.tail_batch,
-        engine_slots=cfg.rollout.max_running_requests, resize_guess_s=c.resize_guess_s,
-        lend_min_cv=c.lend_min_cv))
-
-
-register_policy("hysteresis", make_hysteresis)

@@ -29,10 +29,10 @@ class HysteresisParams:
     """Continuous-batching slots per engine (`rollout.max_running_requests`; 0: unknown)."""
     resize_guess_s: float = 5.0
     """Staleness 0: a resize's wall time assumed, until one was measured, when weighing
-    lending engines to training (`controller.resize_guess_s`)."""
+    lending engines to training (`controller.hysteresis.resize_guess_s`)."""
     lend_min_cv: float = 0.5
     """Staleness 0: lending needs response lengths with a tail: a measured coefficient of
-    variation of at least this (`controller.lend_min_cv`)."""
+    variation of at least this (`controller.hysteresis.lend_min_cv`)."""
 
 
 LIGHT_LOAD = 0.25

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.ray
 
 SMALL = ["run.steps=6", "run.staleness=0", "task.prompts_per_step=8",
          "task.samples_per_prompt=4", "task.max_new_tokens=24", "train.micro_batch_size=4",
-         "controller.min_dwell_steps=1", "controller.cost_margin=0.5",
-         "controller.tail_batch=2", "output.progress='plain'"]
+         "controller.hysteresis.min_dwell_steps=1", "controller.hysteresis.cost_margin=0.5",
+         "controller.hysteresis.tail_batch=2", "output.progress='plain'"]
 
 
 def run(pool: Any, out: Path, *overrides: str) -> dict[str, Any]:

@@ -32,6 +32,11 @@ def test_bad_config_value_names_field_and_allowed(capsys: pytest.CaptureFixture[
     assert "rollout.temperature" in err and "finite" in err
 
 
+def test_unknown_policy_names_the_registered_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    err = run_cli(capsys, "train", "--dry-run", "--set", "controller.policy='magic'")
+    assert "controller.policy" in err and "'magic'" in err and "hysteresis" in err
+
+
 def test_resume_without_checkpoint_is_refused(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     err = run_cli(capsys, "train", "--resume", str(tmp_path))

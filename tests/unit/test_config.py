@@ -45,8 +45,11 @@ def test_dry_run_text_parses_back(tmp_path: Path) -> None:
         ("allocation.num_train_devices=0", "allocation.num_train_devices", "> 0"),
         ("allocation.num_rollout_devices=1000", "allocation", "offers at most"),
         ("train.micro_batch_size=7", "train.micro_batch_size", "must divide"),
-        ("controller.policy='magic'", "controller.policy", "allowed"),
-        ("controller.lend_min_cv=-0.5", "controller.lend_min_cv", ">= 0"),
+        ("controller.hysteresis.nope=1", "controller.hysteresis.nope", "unknown key"),
+        ("controller.hysteresis=1", "controller.hysteresis", "must be a table"),
+        ("controller.borrow.return_fraction=1.5", "controller.borrow.return_fraction",
+         "[0, 1]"),
+        ("controller.hysteresis.lend_min_cv=-0.5", "controller.hysteresis.lend_min_cv", ">= 0"),
         ("rollout.batch_invariant=3", "rollout.batch_invariant", "true or false"),
         ("task.samples_per_prompt=1", "task.samples_per_prompt", ">= 2"),
     ],
@@ -99,3 +102,27 @@ def test_config_and_cli_import_without_torch() -> None:
     code = ("import sys, dynaresize.config, dynaresize.cli, dynaresize.orchestrator; "
             "assert 'torch' not in sys.modules and 'ray' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_policy_tables_nest_and_round_trip_through_toml(tmp_path: Path) -> None:
+    cfg = load_config(None, ["controller.hysteresis.band=0.2",
+                             "controller.borrow.return_fraction=0.8"])
+    assert cfg.controller.hysteresis.band == 0.2 and cfg.controller.borrow.return_fraction == 0.8
+    text = to_toml(cfg)
+    assert "[controller.hysteresis]\nband = 0.2" in text
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    assert load_config(path) == cfg
+
+
+def test_the_policy_registry_builds_each_name_and_refuses_others() -> None:
+    from dynaresize.policies import POLICIES, check_policy, make_controller
+
+    assert set(POLICIES) == {"hysteresis", "static", "fixed", "borrow"}
+    for name in POLICIES:
+        cfg = load_config(None, [f"controller.policy='{name}'"])
+        assert make_controller(cfg) is not None
+    cfg = load_config(None, ["controller.policy='magic'"])
+    with pytest.raises(ConfigError) as info:
+        check_policy(cfg)
+    assert info.value.field_name == "controller.policy" and "hysteresis" in str(info.value)

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from dynaresize.borrow import BorrowController
-from dynaresize.controller import CONTROLLERS
+from dynaresize.policies import POLICIES
 from dynaresize.rollout import scheduler
 from dynaresize.rollout.scheduler import RolloutRun, _Slot
 from dynaresize.rundir import RunDir
@@ -125,14 +125,14 @@ def test_borrow_skipping_progress_changes_nothing(staleness: int) -> None:
     class AlwaysWatching(BorrowController):
         needs_progress = True  # type: ignore[assignment]
 
-    CONTROLLERS["borrow-watching"] = lambda cfg: AlwaysWatching()
+    POLICIES["borrow-watching"] = lambda cfg: AlwaysWatching()
     try:
         args = {"gpus": 12, "steps": 4, "requests_per_step": 96, "seed": 3,
                 "staleness": staleness, "split": 8}
         fast = simulate("dapo-7b", policies=("borrow",), **args)["results"][0]
         slow = simulate("dapo-7b", policies=("borrow-watching",), **args)["results"][0]
     finally:
-        del CONTROLLERS["borrow-watching"]
+        del POLICIES["borrow-watching"]
     slow["policy"] = "borrow"
     assert fast == slow and fast["num_resizes"] > 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynaresize.controller import CONTROLLERS
+from dynaresize import policies as registry
 from dynaresize.rundir import read_jsonl
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.oracle import oracle_steps
@@ -94,7 +94,7 @@ def test_any_registered_policy_runs_through_the_orchestrator() -> None:
         def at_rollout_end(self, view: RunView) -> list[Move]:
             return []
 
-    CONTROLLERS["test-grow"] = lambda cfg: GrowTrainOnce()
+    registry.POLICIES["test-grow"] = lambda cfg: GrowTrainOnce()
     try:
         assert "test-grow" in load_policies()
         out = simulate("balanced", gpus=6, steps=3, requests_per_step=32,
@@ -103,7 +103,7 @@ def test_any_registered_policy_runs_through_the_orchestrator() -> None:
         assert row["policy"] == "test-grow" and row["num_resizes"] == 1
         assert row["split"] == {"rollout": 4, "train": 2}
     finally:
-        del CONTROLLERS["test-grow"]
+        del registry.POLICIES["test-grow"]
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -74,27 +74,36 @@ def _apply(cfg: Config, data: dict[str, Any], source: str) -> None:
         if sec_name not in sections:
             raise ConfigError(sec_name, sec_value,
                               f"unknown section; allowed: {', '.join(sections)}", source)
-        if not isinstance(sec_value, dict):
-            raise ConfigError(sec_name, sec_value, "must be a table of keys", source)
-        section = getattr(cfg, sec_name)
-        hints = _section_types(type(section))
-        for key, value in sec_value.items():
-            full = f"{sec_name}.{key}"
-            if key not in hints:
-                raise ConfigError(full, value,
-                                  f"unknown key; allowed in [{sec_name}]: {', '.join(hints)}",
-                                  source)
+        _apply_table(getattr(cfg, sec_name), sec_name, sec_value, source)
+
+
+def _apply_table(section: Any, name: str, table: Any, source: str) -> None:
+    """Set `section`'s keys from a TOML table; a key whose type is a dataclass is a nested
+    table (`[controller.hysteresis]`)."""
+    if not isinstance(table, dict):
+        raise ConfigError(name, table, "must be a table of keys", source)
+    hints = _section_types(type(section))
+    for key, value in table.items():
+        full = f"{name}.{key}"
+        if key not in hints:
+            raise ConfigError(full, value,
+                              f"unknown key; allowed in [{name}]: {', '.join(hints)}", source)
+        if dataclasses.is_dataclass(hints[key]):
+            _apply_table(getattr(section, key), full, value, source)
+        else:
             setattr(section, key, _coerce(full, value, hints[key], source))
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`section.key=value` → (dotted key, value parsed as a TOML literal, else a string)."""
+    """`section.key=value` (or `section.table.key=value`) → (dotted key, value parsed as a
+    TOML literal, else a string)."""
     if "=" not in text:
         raise ConfigError("--set", text, "expected key=value, e.g. run.steps=4")
     key, raw = text.split("=", 1)
     key, raw = key.strip(), raw.strip()
-    if key.count(".") != 1:
-        raise ConfigError("--set", text, "key must be section.key, e.g. run.steps")
+    if not 1 <= key.count(".") <= 2 or "" in key.split("."):
+        raise ConfigError("--set", text, "key must be section.key (or section.table.key), "
+                                         "e.g. run.steps or controller.hysteresis.band")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -121,8 +130,11 @@ def load_config(path: str | os.PathLike[str] | None = None,
         _apply(cfg, data, str(p))
     for text in overrides:
         key, value = parse_override(text)
-        sec, name = key.split(".")
-        _apply(cfg, {sec: {name: value}}, "--set")
+        *tables, name = key.split(".")
+        nested: dict[str, Any] = {name: value}
+        for table in reversed(tables):
+            nested = {table: nested}
+        _apply(cfg, nested, "--set")
     validate(cfg, check_machine=check_machine)
     return cfg
 
@@ -135,24 +147,31 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def _toml_table(name: str, section: Any) -> list[str]:
+    """`[name]` with its keys and their docs, then its nested tables (`[name.table]`)."""
+    lines, nested = [f"[{name}]"], []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            nested += _toml_table(f"{name}.{f.name}", value)
+        elif not isinstance(value, list):
+            lines.append(f"{f.name} = {_toml_value(value)}  # {f.metadata.get('doc', '')}")
+    return lines + [""] + nested
+
+
 def to_toml(cfg: Config) -> str:
     """The resolved config as TOML (what `--dry-run` prints)."""
     lines: list[str] = []
     for sec in dataclasses.fields(cfg):
-        lines.append(f"[{sec.name}]")
-        section = getattr(cfg, sec.name)
-        for f in dataclasses.fields(section):
-            value = getattr(section, f.name)
-            if isinstance(value, list):
-                continue
-            if isinstance(value, bool):
-                text = "true" if value else "false"
-            elif isinstance(value, str):
-                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            else:
-                text = repr(value)
-            lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")
-        lines.append("")
+        lines += _toml_table(sec.name, getattr(cfg, sec.name))
     for e in cfg.faults.kill:
         lines += ["[[faults.kill]]", f"device = {e.device}", f"step = {e.step}",
                   f'at = "{e.at}"', ""]

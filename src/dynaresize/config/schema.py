@@ -112,40 +112,62 @@ class AllocationConfig:
 
 
 @dataclass
-class ControllerConfig:
-    policy: str = _doc("Allocation policy: 'hysteresis' (balance the stages at runtime: "
-                       "split between steps, tail release, streaming training), 'static' "
-                       "(fixed split, plus any forced [[resize.schedule]]) or 'borrow' "
-                       "(trainer->rollout borrowing only, a baseline). A non-empty "
-                       "[[resize.schedule]] forces its resizes instead.",
-                       default="hysteresis")
-    band: float = _doc("hysteresis: change the split only if the predicted step time improves "
-                       "by more than this fraction.", default=0.05)
-    min_dwell_steps: int = _doc("hysteresis: steps between two split changes, at least.",
-                                default=3)
-    horizon_steps: int = _doc("hysteresis: steps over which a resize must pay for itself.",
-                              default=4)
-    cost_margin: float = _doc("hysteresis: expected saving must exceed this x resize cost.",
-                              default=2.0)
-    resize_guess_s: float = _doc("hysteresis, staleness 0: seconds a resize is assumed to "
-                                 "take, until one was measured, when weighing lending rollout "
-                                 "engines to training.", default=5.0)
-    release_tail: bool = _doc("hysteresis: release idle rollout devices to training as the "
-                              "rollout tail thins.", default=True)
-    tail_batch: int = _doc("hysteresis: requests per engine that count as lightly loaded in "
-                           "the rollout tail.", default=8)
-    lend_min_cv: float = _doc("hysteresis, staleness 0: lend rollout engines to training "
-                              "only when the response lengths have a tail: their measured "
-                              "coefficient of variation (std / mean) is at least this "
-                              "(lending is two resizes a step; short, even lengths keep one "
-                              "split).", default=0.5)
-    stream_training: bool = _doc("hysteresis: train a step's micro-batches as their groups "
-                                 "complete, while the rollout tail finishes (same update; "
-                                 "needs train.exact_reduction).", default=True)
-    pipeline_rollouts: bool = _doc("hysteresis, staleness >= 1, streaming: start the next "
-                                   "step's rollout on the engines the current step's tail "
-                                   "has emptied (same samples).", default=True)
+class HysteresisConfig:
+    """`[controller.hysteresis]`: the `hysteresis` policy's parameters."""
 
+    band: float = _doc("Change the split only if the predicted step time improves by more "
+                       "than this fraction.", default=0.05)
+    min_dwell_steps: int = _doc("Steps between two split changes, at least.", default=3)
+    horizon_steps: int = _doc("Steps over which a resize must pay for itself.", default=4)
+    cost_margin: float = _doc("Expected saving must exceed this x resize cost.", default=2.0)
+    resize_guess_s: float = _doc("Staleness 0: seconds a resize is assumed to take, until one "
+                                 "was measured, when weighing lending rollout engines to "
+                                 "training.", default=5.0)
+    release_tail: bool = _doc("Release idle rollout devices to training as the rollout tail "
+                              "thins.", default=True)
+    tail_batch: int = _doc("Requests per engine that count as lightly loaded in the rollout "
+                           "tail.", default=8)
+    lend_min_cv: float = _doc("Staleness 0: lend rollout engines to training only when the "
+                              "response lengths have a tail: their measured coefficient of "
+                              "variation (std / mean) is at least this (lending is two "
+                              "resizes a step; short, even lengths keep one split).",
+                              default=0.5)
+
+
+@dataclass
+class BorrowConfig:
+    """`[controller.borrow]`: the `borrow` baseline's parameters (docs/simulator.md)."""
+
+    min_remaining_fraction: float = _doc("Lend only while at least this share of the step's "
+                                         "requests is unfinished.", default=0.5)
+    return_fraction: float = _doc("Return the borrowed devices once this share of the "
+                                  "requests has finished.", default=0.9)
+    borrow_fraction: float = _doc("Share of the training pool lent.", default=0.5)
+    min_train_devices: int = _doc("Never lend these last training devices.", default=1)
+    window_factor: float = _doc("Remaining rollout must be at least this many times the lend "
+                                "+ return cost.", default=2.0)
+    prior_switch_s: float = _doc("Assumed critical path of one resize before any was "
+                                 "measured, seconds.", default=5.0)
+
+
+@dataclass
+class ControllerConfig:
+    policy: str = _doc("Allocation policy (dynaresize.policies): 'hysteresis' (balance the "
+                       "stages at runtime: split between steps, tail release, streaming "
+                       "training), 'static' (fixed split, plus any forced [[resize.schedule]]), "
+                       "'fixed' (a fixed split with streaming training and pipelined "
+                       "rollouts) or 'borrow' (trainer->rollout borrowing only, a baseline). A "
+                       "non-empty [[resize.schedule]] forces its resizes instead.",
+                       default="hysteresis")
+    stream_training: bool = _doc("Streaming policies (hysteresis, fixed): train a step's "
+                                 "micro-batches as their groups complete, while the rollout "
+                                 "tail finishes (same update; needs train.exact_reduction).",
+                                 default=True)
+    pipeline_rollouts: bool = _doc("Streaming policies, staleness >= 1: start the next step's "
+                                   "rollout on the engines the current step's tail has "
+                                   "emptied (same samples).", default=True)
+    hysteresis: HysteresisConfig = field(default_factory=HysteresisConfig)
+    borrow: BorrowConfig = field(default_factory=BorrowConfig)
 
 MOVES = ("rollout->train", "train->rollout")
 
@@ -235,7 +257,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-POLICIES = ("static", "hysteresis", "borrow")
 TASKS = ("count", "jsonl")
 BACKENDS = ("ray", "sim")
 DEVICE_TYPES = ("cpu", "cuda")

@@ -11,7 +11,6 @@ from dynaresize.config.schema import (
     CPU_DEVICE_BYTES,
     DEVICE_TYPES,
     MOVES,
-    POLICIES,
     PROGRESS,
     TASKS,
     Config,
@@ -39,6 +38,11 @@ def _positive(name: str, value: float) -> None:
 def _non_negative(name: str, value: float) -> None:
     if value < 0:
         raise ConfigError(name, value, "must be >= 0")
+
+
+def _fraction(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(name, value, "must be in [0, 1]")
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -104,14 +108,19 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _non_negative("train.max_grad_norm", m.max_grad_norm)
     _positive("allocation.num_rollout_devices", a.num_rollout_devices)
     _positive("allocation.num_train_devices", a.num_train_devices)
-    _one_of("controller.policy", cfg.controller.policy, POLICIES)
-    _non_negative("controller.band", cfg.controller.band)
-    _non_negative("controller.min_dwell_steps", cfg.controller.min_dwell_steps)
-    _positive("controller.horizon_steps", cfg.controller.horizon_steps)
-    _non_negative("controller.cost_margin", cfg.controller.cost_margin)
-    _non_negative("controller.resize_guess_s", cfg.controller.resize_guess_s)
-    _positive("controller.tail_batch", cfg.controller.tail_batch)
-    _non_negative("controller.lend_min_cv", cfg.controller.lend_min_cv)
+    h, b = cfg.controller.hysteresis, cfg.controller.borrow
+    _non_negative("controller.hysteresis.band", h.band)
+    _non_negative("controller.hysteresis.min_dwell_steps", h.min_dwell_steps)
+    _positive("controller.hysteresis.horizon_steps", h.horizon_steps)
+    _non_negative("controller.hysteresis.cost_margin", h.cost_margin)
+    _non_negative("controller.hysteresis.resize_guess_s", h.resize_guess_s)
+    _positive("controller.hysteresis.tail_batch", h.tail_batch)
+    _non_negative("controller.hysteresis.lend_min_cv", h.lend_min_cv)
+    for name in ("min_remaining_fraction", "return_fraction", "borrow_fraction"):
+        _fraction(f"controller.borrow.{name}", getattr(b, name))
+    _non_negative("controller.borrow.min_train_devices", b.min_train_devices)
+    _non_negative("controller.borrow.window_factor", b.window_factor)
+    _non_negative("controller.borrow.prior_switch_s", b.prior_switch_s)
     _positive("resize.staging_bytes", cfg.resize.staging_bytes)
     _validate_schedule(cfg)
     _validate_faults(cfg)

@@ -51,7 +51,7 @@ from typing import Any
 
 from dynaresize.allocation import Allocation
 from dynaresize.config import Config
-from dynaresize.controller import Controller, make_controller
+from dynaresize.controller import Controller
 from dynaresize.faults import FaultInjector
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
@@ -69,6 +69,7 @@ from dynaresize.orchestrator.summary import run_summary
 from dynaresize.orchestrator.switch import NoSwitch, RoleSwitch
 from dynaresize.orchestrator.train_loop import TrainLoop
 from dynaresize.orchestrator.view import RunViews
+from dynaresize.policies import make_controller
 from dynaresize.protocols import Clock, Device
 from dynaresize.resize.executor import ResizeExecutor
 from dynaresize.resize.planner import Op

@@ -158,7 +158,7 @@ class RolloutLoop:
                          drain=self._may_drain)
         holder.append(run)
         run.version = version
-        run.light_batch = cfg.controller.tail_batch
+        run.light_batch = cfg.controller.hysteresis.tail_batch
         run.pack_batch = cfg.rollout.pack_batch  # acts once the run hands off
         self.engines.start_run(run)
         if self.pipelined:  # the previous tail's engines join later: keep their share queued

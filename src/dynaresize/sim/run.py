@@ -13,9 +13,9 @@ Policies (`simulate(policies=...)`):
   (`dynaresize.fixed_split`: one split, streaming training, pipelined rollouts at staleness
   >= 1) at its best split, searched like `static`'s.
 - `colocated`: `colocated.py` (all devices roll out, then all train, with the switch cost).
-- any policy registered with `dynaresize.controller.register_policy` (`borrow`, and
-  `hysteresis` once `dynaresize.hysteresis` exists): the orchestrator with that controller,
-  starting from the best static split (searched once, shared with `static`).
+- any other policy of the registry (`dynaresize.policies`: `borrow`, `fixed`, `hysteresis`):
+  the orchestrator with that controller, starting from the best static split (searched once,
+  shared with `static`).
 
 Each row is issue 4's `{"policy","split","mean_step_s","p99_step_s","samples_per_s",
 "tokens_per_s","bubble_fraction","num_resizes"}` plus extras. With `out_dir`, every simulated
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from dynaresize.controller import CONTROLLERS, load_policy_modules
+from dynaresize.policies import POLICIES
 from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
 from dynaresize.sim.harness import (
@@ -59,8 +59,8 @@ NOT_ORCHESTRATOR = ("colocated", "oracle")
 
 
 def load_policies() -> tuple[str, ...]:
-    """Import the policy modules; return every policy name `simulate` accepts."""
-    controllers = tuple(p for p in load_policy_modules() if p not in BUILTIN_POLICIES)
+    """Every policy name `simulate` accepts: its baselines, then the registry's."""
+    controllers = tuple(p for p in sorted(POLICIES) if p not in BUILTIN_POLICIES)
     return BUILTIN_POLICIES + controllers
 
 
@@ -164,7 +164,7 @@ def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, ste
     cfg = sim_config(workload, num_rollout, gpus - num_rollout, steps, staleness, seed, costs,
                      faults)
     cfg.controller.policy = policy
-    run = run_config(cfg, workload, costs, CONTROLLERS[policy](cfg), out_dir)
+    run = run_config(cfg, workload, costs, POLICIES[policy](cfg), out_dir)
     row = results_row(policy, run, {"rollout": num_rollout, "train": gpus - num_rollout})
     row["split_is_initial"] = True
     return row
