@@ -13,6 +13,7 @@ from typing import Any
 from dynaresize.config.schema import Config, ConfigError, KillEntry, ResizeEntry
 from dynaresize.config.validate import _is_file, validate
 
+
 def _section_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
