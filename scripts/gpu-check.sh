@@ -63,8 +63,13 @@ TRAIN=("$PYTHON" -m dynaresize train
   --set "output.progress='plain'")
 DEVS="$NUM_ROLLOUT R + $NUM_TRAIN T, $GPU_SHARE GPU each"
 
-summary_of() {  # DIR -> "nodes N, wall W s, reward R" from summary.json
-  "$PYTHON" -c 'import json,sys; s=json.load(open(sys.argv[1]+"/summary.json")); print(f"nodes {s.get(\"nodes\")}, {s[\"wall_s\"]:.1f} s wall, reward {s[\"final_reward\"]:.3f}, {s[\"tokens_per_s\"]:.0f} tok/s")' "$1" 2>/dev/null || echo "no summary.json"
+summary_of() {  # DIR -> "nodes N, W s wall, reward R, T tok/s" from summary.json
+  "$PYTHON" - "$1" <<'EOF' 2>/dev/null || echo "no summary.json"
+import json, sys
+s = json.load(open(sys.argv[1] + "/summary.json"))
+print(f"nodes {s.get('nodes')}, {s['wall_s']:.1f} s wall, reward {s['final_reward']:.3f}, "
+      f"{s['tokens_per_s']:.0f} tok/s")
+EOF
 }
 
 same_samples() {  # DIR_A DIR_B -> "same" | "DIFFERENT: ..."
@@ -80,13 +85,13 @@ EOF
 }
 
 # 1. static, builtin engine
-run train-static 120 "${TRAIN[@]}" --out "$OUT/static"
+run train-static 100 "${TRAIN[@]}" --out "$OUT/static"
 if [ $RC -eq 0 ]; then row "CUDA+NCCL static (builtin)" ok "$SECS" "$DEVS; $(summary_of "$OUT/static")"
 else row "CUDA+NCCL static (builtin)" FAIL "$SECS" "exit $RC, see $OUT/train-static.log"; fi
 
 # 2. forced schedule vs static
 if [ "$NUM_GPUS" -ge 3 ] && [ $RC -eq 0 ]; then
-  run train-forced 120 "${TRAIN[@]}" --out "$OUT/forced" --set "resize.schedule=[
+  run train-forced 100 "${TRAIN[@]}" --out "$OUT/forced" --set "resize.schedule=[
     {step=1, at='start', move='rollout->train', num_devices=1},
     {step=2, at='rollout:0.3', move='train->rollout', num_devices=1}]"
   if [ $RC -eq 0 ]; then
@@ -104,7 +109,7 @@ if ! "$PYTHON" -c 'import vllm' >/dev/null 2>&1; then
 elif ! "$PYTHON" -m dynaresize train --set "rollout.engine='vllm'" --dry-run >/dev/null 2>&1; then
   row "CUDA static (vllm engine)" skip 0 "this version has no rollout.engine key"
 else
-  run train-vllm 150 "${TRAIN[@]}" --out "$OUT/vllm" --set "rollout.engine='vllm'"
+  run train-vllm 120 "${TRAIN[@]}" --out "$OUT/vllm" --set "rollout.engine='vllm'"
   if [ $RC -eq 0 ]; then row "CUDA static (vllm engine)" ok "$SECS" "$(summary_of "$OUT/vllm")"
   else row "CUDA static (vllm engine)" FAIL "$SECS" "exit $RC, see $OUT/train-vllm.log"; fi
 fi
@@ -115,8 +120,8 @@ if [ $RC -eq 0 ]; then row "bench resize (cpu/gloo)" ok "$SECS" "table in $OUT/b
 else row "bench resize (cpu/gloo)" FAIL "$SECS" "exit $RC, see $OUT/bench-resize.log"; fi
 
 # 5. bench rollout
-if "$PYTHON" -m dynaresize bench --help 2>/dev/null | grep -q '\brollout\b'; then
-  run bench-rollout 150 "$PYTHON" -m dynaresize bench rollout
+if "$PYTHON" -m dynaresize bench rollout --help >/dev/null 2>&1; then
+  run bench-rollout 120 "$PYTHON" -m dynaresize bench rollout
   if [ $RC -eq 0 ]; then row "bench rollout" ok "$SECS" "table in $OUT/bench-rollout.log"
   else row "bench rollout" FAIL "$SECS" "exit $RC, see $OUT/bench-rollout.log"; fi
 else
