@@ -33,6 +33,8 @@ SCHEDULE = ("resize.schedule=["
             "{step=1, at='start', move='train->rollout', num_devices=2},"
             "{step=2, at='rollout:0.3', move='rollout->train', num_devices=1}]")
 RUN_TIMEOUT_S = 600
+_drivers: list[subprocess.Popen[str]] = []
+"""Every `dynaresize train` started here: one still running at teardown is killed."""
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +52,10 @@ def cluster() -> Iterator[Any]:
         c.wait_for_nodes()
         yield c
     finally:
+        for proc in _drivers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
         c.shutdown()
 
 
@@ -58,21 +64,27 @@ def train(cluster: Any, out: Path, *overrides: str) -> subprocess.Popen[str]:
             for a in ("--set", o)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([sys.executable, "-m", "dynaresize", "train", "--out", str(out),
-                             *sets], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    with open(log_of(out), "w") as log:  # a file, not a pipe: nothing blocks the driver
+        proc = subprocess.Popen([sys.executable, "-m", "dynaresize", "train", "--out",
+                                 str(out), *sets], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+    _drivers.append(proc)
+    return proc
 
 
-def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, output[-4000:]
-    return {"output": output}
+def log_of(out: Path) -> Path:
+    return out.parent / f"{out.name}.log"
+
+
+def finish(proc: subprocess.Popen[str], out: Path) -> None:
+    proc.wait(timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, log_of(out).read_text()[-4000:]
 
 
 @pytest.fixture(scope="module")
 def static_run(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("static")
-    finish(train(cluster, out))
+    finish(train(cluster, out), out)
     return out
 
 
@@ -91,7 +103,7 @@ def test_devices_span_nodes_and_a_forced_schedule_changes_no_sample(
     listening = project_listeners()
     assert len({pid for pid, _ in listening}) >= 11  # GCS, 3 raylets, driver, 6 devices
     assert {addr for _, addr in listening} <= LOOPBACK, sorted(listening)
-    finish(proc)
+    finish(proc, tmp_path)
     resized = json.loads((tmp_path / "summary.json").read_text())
     assert resized["num_resizes"] == 2 and resized["nodes"] == 2
     assert sample_view(tmp_path) == sample_view(static_run)
@@ -102,7 +114,7 @@ def wait_for_first_step(proc: subprocess.Popen[str], out: Path) -> None:
     deadline = time.monotonic() + RUN_TIMEOUT_S
     metrics = out / "metrics.jsonl"
     while not (metrics.exists() and read_jsonl(metrics)):
-        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        assert proc.poll() is None, log_of(out).read_text()[-4000:]
         assert time.monotonic() < deadline
         time.sleep(0.1)
 
@@ -125,7 +137,7 @@ def test_a_lost_node_loses_nothing(cluster: Any, static_run: Path, tmp_path: Pat
     assert victim != cluster.head_node.node_id and 0 not in lost
     cluster.remove_node(next(n for n in cluster.list_all_nodes() if n.node_id == victim),
                         allow_graceful=False)
-    finish(proc)
+    finish(proc, tmp_path)
 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {f["device"] for f in summary["faults"]} == lost
