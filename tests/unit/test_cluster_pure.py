@@ -92,3 +92,18 @@ def test_the_store_listens_on_the_advertised_address_only() -> None:
              for line in Path(t).read_text().splitlines()[1:]
              if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port]
     assert local == [f"0100007F:{port:04X}"]  # 127.0.0.1 alone, no wildcard
+
+
+def test_an_address_where_nothing_listens_is_refused_at_once() -> None:
+    import socket
+
+    from dynaresize.devices.cluster import check_reachable
+
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        s.listen(1)
+        check_reachable(f"{LOOPBACK}:{s.getsockname()[1]}")  # something answers
+        port = s.getsockname()[1]
+    with pytest.raises(ConfigError, match="no Ray cluster answers there"):
+        check_reachable(f"{LOOPBACK}:{port}")  # closed now
+    check_reachable("auto")  # left to Ray

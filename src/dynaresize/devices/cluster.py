@@ -11,9 +11,11 @@ loopback address: then the whole cluster is on this machine and the driver adver
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
+from dynaresize.config.schema import ConfigError
 from dynaresize.devices.network import LOOPBACK, is_loopback, loopback_env
 
 
@@ -27,6 +29,20 @@ def join_kwargs(address: str) -> dict[str, Any]:
     return kwargs
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """ConfigError unless something accepts a TCP connection at `address` ('HOST:PORT'; 'auto'
+    is left to Ray): `ray.init` would retry an address where nothing listens for minutes."""
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError("ray.address", address,
+                          f"no Ray cluster answers there ({exc}); start one with `ray start "
+                          "--head`, or leave ray.address empty for a local cluster") from None
+
+
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Join the cluster at `address`, or start a local one on loopback. True if we started it
     (then the caller shuts it down)."""
@@ -37,6 +53,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if address:
+        check_reachable(address)
         ray.init(**join_kwargs(address))
         return False
     ray.init(_node_ip_address=LOOPBACK, include_dashboard=False, num_cpus=num_cpus,
