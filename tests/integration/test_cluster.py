@@ -41,15 +41,17 @@ _drivers: list[subprocess.Popen[str]] = []
 def cluster() -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
-    health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-              "health_check_initial_delay_ms": 0}
+    # a lost node is noticed in ~1.5 s; Ray's own memory monitor stays off (on a shared,
+    # memory-tight test machine it kills device actors, a fault this test does not inject)
+    system = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+              "health_check_initial_delay_ms": 0, "memory_monitor_refresh_ms": 0}
     c = Cluster(initialize_head=True, connect=False,
                 head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
-                                "include_dashboard": False, "_system_config": health})
+                                "include_dashboard": False, "_system_config": system})
     try:
         for _ in range(2):
-            c.add_node(num_cpus=3, node_ip_address="127.0.0.1")
-        c.wait_for_nodes()
+            c.add_node(wait=False, num_cpus=3, node_ip_address="127.0.0.1")
+        c.wait_for_nodes(timeout=120)  # slow when the machine is loaded
         yield c
     finally:
         for proc in _drivers:
