@@ -4,6 +4,7 @@ is imported, so bad input fails in milliseconds with exit code 2 and nothing sta
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +53,8 @@ def _check_task_data(cfg: Config) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.address is not None:  # --address A is --set ray.address=A
+        args.set = [*(args.set or []), f"ray.address={json.dumps(args.address)}"]
     if args.resume:
         cfg = _resume_config(args)
     else:
@@ -64,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = args.resume or args.out or _default_out("train")
     from dynaresize.runner import run_training
 
-    summary = run_training(cfg, out, address=args.address, resume=bool(args.resume))
+    summary = run_training(cfg, out, resume=bool(args.resume))
     print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
           f"final reward {summary['final_reward']:.3f}, {summary['tokens_per_s']:.0f} tokens/s, "
           f"bubble {summary['bubble_fraction']:.1%}; run directory: {out}")
@@ -84,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config key, e.g. --set run.steps=4 (repeatable)")
     train.add_argument("--out", metavar="DIR", help="run directory (default: runs/train-<time>)")
     train.add_argument("--address", metavar="ADDR",
-                       help="join this Ray cluster instead of starting a local one")
+                       help="join the Ray cluster whose GCS is at HOST:PORT instead of "
+                       "starting a local one (the same as --set ray.address=HOST:PORT)")
     train.add_argument("--resume", metavar="DIR",
                        help="continue run directory DIR from its latest checkpoint (any "
                        "number of devices: --set allocation.num_train_devices=...)")

@@ -32,6 +32,9 @@ class RunDir:
         self.events: list[dict[str, Any]] = []
         self.num_samples = 0
         self.t_offset_s = 0.0
+        self.node_of: dict[int, str] = {}
+        """Device index → Ray node id: events carry their device's `node` (set by the
+        runner)."""
         self._files: dict[str, TextIO] = {}
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -72,6 +75,8 @@ class RunDir:
               critical: bool = True, num_bytes: int = 0, **extra: Any) -> None:
         record = {"t_start": round(t_start, 6), "t_end": round(t_end, 6), "device": device,
                   "kind": kind, "critical": critical, "bytes": num_bytes, **extra}
+        if device in self.node_of:
+            record["node"] = self.node_of[device]
         self.events.append(record)
         if self.t_offset_s:
             record = {**record, "t_start": round(t_start + self.t_offset_s, 6),

@@ -50,7 +50,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     """Run `cfg` on Ray devices; write the run directory; return summary.json's content.
 
     `pool`: an existing DevicePool to reuse (tests share one per session); else one is
-    started for this run (and a local Ray cluster on loopback, unless `address` is given).
+    started for this run, on the Ray cluster at `address` (default: `ray.address`), or on a
+    local Ray cluster on loopback if that is empty.
     `fail_op(resize_index, op) -> bool`: failure injection for tests.
     `resume`: continue `out_dir` from its latest checkpoint (see `checkpoint`).
     `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
@@ -74,11 +75,18 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         if own_pool:
             alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
                                        cfg.allocation.num_train_devices)
+            address = address or cfg.ray.address
+            where = f"the Ray cluster at {address}" if address else \
+                "a local Ray cluster (loopback)"
             progress.message(f"starting {cfg.num_devices} {cfg.devices.type} devices "
-                             f"({alloc.describe()}) on a local Ray cluster (loopback)")
-            started_ray = ensure_ray(address, num_cpus=max(cfg.num_devices, 2))
+                             f"({alloc.describe()}) on {where}")
+            started_ray = ensure_ray(address, num_cpus=max(
+                cfg.num_devices * cfg.devices.threads_per_device, 2))
             pool = DevicePool(cfg.num_devices, cfg.devices.type,
-                              cfg.devices.threads_per_device, cfg.faults.timeout_s)
+                              cfg.devices.threads_per_device, cfg.faults.timeout_s,
+                              cfg.ray.placement, cfg.ray.placement_timeout_s,
+                              cfg.devices.gpus_per_device)
+        rundir.node_of = pool.node_of
         assert pool.num_devices == cfg.num_devices
         alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
                                    cfg.allocation.num_train_devices)
@@ -106,11 +114,13 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         progress.status("building models and process groups…")
         summary = asyncio.run(orch.run())
         progress.close()
+        summary.update(nodes=pool.num_nodes,
+                       device_nodes=[pool.node_of[i] for i in range(pool.num_devices)])
         if injector.fired or orch.recovery.records:
             summary.update(num_faults=len(orch.recovery.records),
                            faults=orch.recovery.records,
                            kills=[vars(f) for f in injector.fired])
-            rundir.summary(summary)
+        rundir.summary(summary)
         if cfg.output.save_model and rundir.path is not None:
             _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")
         return summary

@@ -221,6 +221,26 @@ class DevicesConfig:
                         default="ray")
     type: str = _doc("'cpu' (gloo) or 'cuda' (nccl).", default="cpu")
     threads_per_device: int = _doc("torch threads per CPU device.", default=1)
+    gpus_per_device: float = _doc("CUDA: share of a GPU each device reserves (Ray num_gpus). "
+                                  "1: one GPU per device; 0.5: two devices per GPU (NCCL "
+                                  "cannot put two ranks of one group on one GPU, so only "
+                                  "for groups of one: a static 1 rollout + 1 train check).",
+                                  default=1.0)
+
+
+@dataclass
+class RayConfig:
+    address: str = _doc("Ray cluster to join: 'HOST:PORT' of its GCS (what `ray start --head` "
+                        "prints) or 'auto'; its nodes' advertised addresses are used. Empty: "
+                        "start a local single-node cluster listening on 127.0.0.1 only. "
+                        "`dynaresize train --address` sets it too.", default="")
+    placement: str = _doc("Placement-group strategy of the device bundles (one per device: "
+                          "1 GPU + 1 CPU, or threads_per_device CPUs): 'PACK' (as few nodes "
+                          "as hold them; a node's devices get adjacent indices), 'SPREAD', "
+                          "'STRICT_PACK' (one node) or 'STRICT_SPREAD' (one device per "
+                          "node).", default="PACK")
+    placement_timeout_s: float = _doc("How long to wait for the cluster to place every "
+                                      "device, seconds.", default=120.0)
 
 
 @dataclass
@@ -243,6 +263,7 @@ class Config:
     resize: ResizeConfig = field(default_factory=ResizeConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     @property
@@ -260,6 +281,7 @@ class Config:
 TASKS = ("count", "jsonl")
 BACKENDS = ("ray", "sim")
 DEVICE_TYPES = ("cpu", "cuda")
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 PROGRESS = ("auto", "live", "plain")
 CPU_DEVICE_BYTES = 512 * 2**20
 """Memory one CPU device process needs (torch + transformers + a tiny model): the machine offers

@@ -11,6 +11,7 @@ from dynaresize.config.schema import (
     CPU_DEVICE_BYTES,
     DEVICE_TYPES,
     MOVES,
+    PLACEMENTS,
     PROGRESS,
     TASKS,
     Config,
@@ -127,13 +128,31 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _one_of("devices.backend", cfg.devices.backend, BACKENDS)
     _one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
     _positive("devices.threads_per_device", cfg.devices.threads_per_device)
+    if not 0 < cfg.devices.gpus_per_device <= 1:
+        raise ConfigError("devices.gpus_per_device", cfg.devices.gpus_per_device,
+                          "must be in (0, 1]")
     _one_of("output.progress", cfg.output.progress, PROGRESS)
-    if check_machine and cfg.devices.backend == "ray":
+    _validate_ray(cfg)
+    if check_machine and cfg.devices.backend == "ray" and not cfg.ray.address:
         limit = machine_device_limit(cfg.devices.type)
+        if cfg.devices.type == "cuda":  # devices sharing a GPU
+            limit = int(limit / cfg.devices.gpus_per_device + 1e-9)
         if cfg.num_devices > limit:
             raise ConfigError(
                 "allocation", f"{a.num_rollout_devices} rollout + {a.num_train_devices} train",
                 f"this machine offers at most {limit} {cfg.devices.type} devices")
+
+
+def _validate_ray(cfg: Config) -> None:
+    address = cfg.ray.address
+    if address and address != "auto":
+        host, _, port = address.rpartition(":")
+        if "://" in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("ray.address", address,
+                              "allowed: '' (start a local cluster on loopback), 'auto', or "
+                              "'HOST:PORT' of a running cluster's GCS (e.g. 10.0.0.1:6379)")
+    _one_of("ray.placement", cfg.ray.placement, PLACEMENTS)
+    _positive("ray.placement_timeout_s", cfg.ray.placement_timeout_s)
 
 
 def _validate_faults(cfg: Config) -> None:

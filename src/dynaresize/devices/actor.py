@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import timedelta
 from typing import Any
 
-LOOPBACK = "127.0.0.1"
+from dynaresize.devices.cluster import NodeInfo, this_node
+from dynaresize.devices.network import LOOPBACK, base_env, loopback_env, network_env
+from dynaresize.devices.world import init_world, open_store
 
-
-def loopback_env() -> dict[str, str]:
-    """Environment that keeps gloo / NCCL / Ray traffic on loopback (DESIGN §6)."""
-    return {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": LOOPBACK, "NCCL_SOCKET_IFNAME": "lo",
-            "TP_SOCKET_IFNAME": "lo", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+__all__ = ["LOOPBACK", "DeviceActor", "loopback_env"]
 
 
 def _clone_model(template: Any, blank: bool = False) -> Any:
@@ -39,25 +35,20 @@ def _clone_model(template: Any, blank: bool = False) -> Any:
     return model.to(template.dtype).train(template.training)
 
 
-def init_method(store: int | str) -> str:
-    """Rendezvous of a world group: a `file://` store (no listening socket at all; every
-    device is on this machine), or a TCPStore port on loopback. The TCPStore server binds
-    every interface (`::`), whatever host the URL names, so the device pool uses files."""
-    return store if isinstance(store, str) else f"tcp://{LOOPBACK}:{store}"
-
-
 class DeviceActor:
-    def __init__(self, index: int, world_size: int, store: int | str, device_type: str,
+    def __init__(self, index: int, world_size: int, store: str | None, device_type: str,
                  threads: int, pg_timeout_s: float = 60.0) -> None:
-        os.environ.update(loopback_env())
+        self.node: NodeInfo = this_node()
+        """This process's Ray node and the address it advertises (collectives use it)."""
+        os.environ.update({**base_env(), **network_env(self.node.node_ip)})
         import torch
-        import torch.distributed as dist
 
         torch.set_num_threads(threads)
         self.index = index
         self.world_size = world_size
         self.device_type = device_type
-        backend = "nccl" if device_type == "cuda" else "gloo"
+        # CUDA tensors over NCCL; CPU tensors (if any) still have gloo
+        backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
         self.torch_device = "cuda:0" if device_type == "cuda" else "cpu"
         if device_type == "cuda":
             torch.cuda.set_device(0)
@@ -65,9 +56,8 @@ class DeviceActor:
         self.pg_timeout_s = pg_timeout_s
         self.rank_of = {i: i for i in range(world_size)}
         """Device index → world rank (identity until a world rebuild drops dead devices)."""
-        dist.init_process_group(backend, init_method=init_method(store),
-                                rank=index, world_size=world_size,
-                                timeout=timedelta(seconds=pg_timeout_s))
+        if store is not None:  # else the pool forms the world (`rebuild_world`)
+            init_world(self, store, self.rank_of)
         self.groups: dict[tuple[int, ...], Any] = {}
         self.group_creations = 0
         self.engine: Any = None
@@ -82,6 +72,13 @@ class DeviceActor:
 
     def ready(self) -> int:
         return os.getpid()
+
+    def placement(self) -> NodeInfo:
+        return self.node
+
+    def open_store(self) -> str:
+        """Reserve the next world's rendezvous on this device's node (`devices.world`)."""
+        return open_store(self.node.node_ip)
 
     # ------------------------------------------------------------------ configuration
     def configure(self, cfg_dict: dict[str, Any], role: str) -> None:
@@ -271,7 +268,7 @@ class DeviceActor:
 
         return load_train_state(self.trainer, path, optimizer_step)
 
-    def rebuild_world(self, store: int | str, ranks: dict[int, int],
+    def rebuild_world(self, store: str, ranks: dict[int, int],
                       train_members: tuple[int, ...], optimizer_step: int,
                       keep_train_state: bool) -> None:
         """Collective over the surviving devices: a fresh world group (see `devices.world`)."""

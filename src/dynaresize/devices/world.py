@@ -1,34 +1,101 @@
-"""Re-forming the world process group after a device died (runs inside each surviving actor).
+"""The world process group of the device actors: its rendezvous, its formation, and its
+re-formation after a device died. Everything here runs inside a device actor.
 
-Why: with gloo, a collective that includes a dead rank fails ("connection closed by peer") or,
-if the peer hangs, times out after `faults.timeout_s` (`init_process_group(timeout=...)`); the
-world's TCPStore lives in world rank 0, which may be the dead one; and `new_group` needs every
-world rank. So the survivors leave the old world and form a new one:
+Rendezvous (`open_store`, `connect_store`): a `TCPStore` served by one device of the world (the
+driver picks the first live device, rank 0) on the address its Ray node advertises:
+127.0.0.1 in the local default, the node's cluster address in a joined cluster, so it works
+across nodes for gloo and NCCL alike. The listening socket is bound here, to that one address,
+and handed to the store (`master_listen_fd`): a TCPStore opened by port alone binds every
+interface (`::`). Each world (start-up, every rebuild) gets a fresh store, so keys never
+collide; a store dies with its host, which is why a rebuild opens a new one on a survivor.
+Subgroups (`DeviceActor.group`, the communicator cache) rendezvous through the world's store.
+
+Re-forming the world after a device died (`rebuild_world`). With gloo, a collective that
+includes a dead rank fails ("connection closed by peer") or, if the peer hangs, times out after
+`faults.timeout_s` (`init_process_group(timeout=...)`); the world's store may have died with
+its host; and `new_group` needs every world rank. So the survivors leave the old world and form
+a new one:
 
 1. each survivor keeps a CPU copy of its training shards if its group lost nobody
    (`keep_train_state`): the training members keep their order, so rank r of the new training
    group owns exactly the rows it owned before (FSDP dim-0 shards depend only on rank and size);
 2. `destroy_process_group()` drops the world and every cached subgroup (the old trainer's mesh
    with them);
-3. `init_process_group` on a fresh store (a new file: `DevicePool.new_store`), ranks
-   renumbered in device order (`ranks`: device index → new rank);
+3. `init_process_group` on a fresh store (`DevicePool.new_store`), ranks renumbered in device
+   order (`ranks`: device index → new rank);
 4. every survivor creates the new training group (gloo: all world ranks call `new_group`), the
    training members build a new trainer over it and copy their kept shards back in (or, when a
    training rank died, start from the version-0 model and let the orchestrator load the
    recovery point: `recovery.py`).
 
-Rollout engines are untouched: rollout needs no process group.
+Rollout engines are untouched: rollout needs no process group. The start-up world is step 3
+alone (`init_world`).
 """
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
-from dynaresize.devices.actor import init_method
+STORE_SCHEME = "tcp://"
+
+_reserved: dict[str, socket.socket] = {}
+"""Store address → the listening socket this process bound for it (`open_store`), until the
+store that serves it is created (`connect_store`)."""
 
 
-def rebuild_world(actor: Any, store: int | str, ranks: dict[int, int],
+def open_store(host: str) -> str:
+    """Bind a listening socket on `host` (this node's advertised address), port chosen by the
+    kernel, for the next world's store; returns its address `tcp://HOST:PORT`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(512)
+    port = sock.getsockname()[1]
+    address = f"{STORE_SCHEME}[{host}]:{port}" if family == socket.AF_INET6 \
+        else f"{STORE_SCHEME}{host}:{port}"
+    _reserved[address] = sock
+    return address
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`tcp://HOST:PORT` (HOST may be `[v6]`) → (HOST, PORT)."""
+    if not address.startswith(STORE_SCHEME):
+        raise ValueError(f"store {address!r}: expected {STORE_SCHEME}HOST:PORT")
+    host, _, port = address[len(STORE_SCHEME):].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def connect_store(address: str, world_size: int, timeout_s: float) -> Any:
+    """The store at `address`: its server if this process reserved the socket, else a client."""
+    import torch.distributed as dist
+
+    host, port = split_address(address)
+    sock = _reserved.pop(address, None)
+    timeout = timedelta(seconds=timeout_s)
+    if sock is None:
+        return dist.TCPStore(host, port, world_size, False, timeout)
+    store = dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
+                          master_listen_fd=sock.fileno())
+    sock.detach()  # the store's server owns the descriptor now
+    return store
+
+
+def init_world(actor: Any, store: str, ranks: dict[int, int]) -> None:
+    """Join the world group whose rendezvous is `store`, as rank `ranks[actor.index]`."""
+    import torch.distributed as dist
+
+    actor.rank_of = {int(d): int(r) for d, r in ranks.items()}
+    actor.world_size = len(ranks)
+    dist.init_process_group(actor.backend,
+                            store=connect_store(store, len(ranks), actor.pg_timeout_s),
+                            rank=actor.rank_of[actor.index], world_size=len(ranks),
+                            timeout=timedelta(seconds=actor.pg_timeout_s))
+
+
+def rebuild_world(actor: Any, store: str, ranks: dict[int, int],
                   train_members: tuple[int, ...], optimizer_step: int,
                   keep_train_state: bool) -> None:
     """See the module docstring. `actor` is the DeviceActor of this process."""
@@ -42,11 +109,7 @@ def rebuild_world(actor: Any, store: int | str, ranks: dict[int, int],
     actor.groups.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
-    actor.rank_of = {int(d): int(r) for d, r in ranks.items()}
-    actor.world_size = len(ranks)
-    dist.init_process_group(actor.backend, init_method=init_method(store),
-                            rank=actor.rank_of[actor.index], world_size=len(ranks),
-                            timeout=timedelta(seconds=actor.pg_timeout_s))
+    init_world(actor, store, ranks)
     members = tuple(sorted(train_members))
     if not members:
         return

@@ -1,0 +1,89 @@
+"""Starting or joining the Ray cluster, and what a process knows about its node.
+
+The local default (`ray.address = ""`) starts a single-node cluster whose every server listens
+on 127.0.0.1 (DESIGN §6). `ray.address = "HOST:PORT"` (or `--address`) joins a running cluster:
+its nodes advertise the addresses they were started with (`ray start --node-ip-address`), and
+the driver takes this machine's address as Ray detects it, unless the cluster's GCS is on a
+loopback address: then the whole cluster is on this machine and the driver advertises
+127.0.0.1 too (a loopback test cluster, `ray.cluster_utils.Cluster`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from dynaresize.config.schema import ConfigError
+from dynaresize.devices.network import LOOPBACK, is_loopback, loopback_env
+
+
+def join_kwargs(address: str) -> dict[str, Any]:
+    """`ray.init` arguments that join the cluster at `address` ('HOST:PORT' or 'auto')."""
+    kwargs: dict[str, Any] = {"address": address, "logging_level": "warning",
+                              "log_to_driver": False}
+    host = address.rpartition(":")[0].strip("[]")
+    if is_loopback(host):
+        kwargs["_node_ip_address"] = LOOPBACK
+    return kwargs
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """ConfigError unless something accepts a TCP connection at `address` ('HOST:PORT'; 'auto'
+    is left to Ray): `ray.init` would retry an address where nothing listens for minutes."""
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError("ray.address", address,
+                          f"no Ray cluster answers there ({exc}); start one with `ray start "
+                          "--head`, or leave ray.address empty for a local cluster") from None
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Join the cluster at `address`, or start a local one on loopback. True if we started it
+    (then the caller shuts it down)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        check_reachable(address)
+        ray.init(**join_kwargs(address))
+        return False
+    ray.init(_node_ip_address=LOOPBACK, include_dashboard=False, num_cpus=num_cpus,
+             logging_level="warning", log_to_driver=False,
+             runtime_env={"env_vars": loopback_env()})
+    return True
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where a process runs: its Ray node, the address that node advertises, its pid."""
+
+    node_id: str
+    node_ip: str
+    pid: int
+    parent_pid: int
+    """For a Ray worker (a device actor): its node's raylet, which started it. A worker
+    outlives a killed raylet for a moment; its node is lost from the first instant."""
+
+
+def this_node() -> NodeInfo:
+    """The calling process's node (a connected driver or a Ray worker)."""
+    import ray
+
+    return NodeInfo(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(),
+                    os.getpid(), os.getppid())
+
+
+def dead_nodes() -> set[str]:
+    """Ids of the nodes the cluster's GCS reports dead."""
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if not n.get("Alive", False)}

@@ -1,0 +1,70 @@
+"""Which address and interface a device process talks on (no torch, no Ray).
+
+The local default keeps everything on loopback (DESIGN §6): Ray nodes advertise 127.0.0.1, gloo
+and NCCL use the `lo` interface, the world's rendezvous store listens on 127.0.0.1. In a
+joined cluster every device uses the address its Ray node advertises, and the interface that
+holds that address: nothing ever binds a wildcard address.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+
+LOOPBACK = "127.0.0.1"
+
+_SIOCGIFADDR = 0x8915
+"""Linux ioctl: the IPv4 address of an interface."""
+
+
+def base_env() -> dict[str, str]:
+    """Environment of every device process, whatever the network."""
+    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback IP address (a name is not resolved: False)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of interface `name`, None if it has none (Linux)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR,
+                                 struct.pack("256s", name[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def interface_of(ip: str) -> str | None:
+    """The local network interface holding IPv4 address `ip` ('lo' for loopback), or None."""
+    if is_loopback(ip):
+        return "lo"
+    for _, name in socket.if_nameindex():
+        if interface_address(name) == ip:
+            return name
+    return None
+
+
+def network_env(ip: str) -> dict[str, str]:
+    """gloo / NCCL / tensorpipe settings for a process whose node advertises `ip`: the sockets
+    of collectives bind the interface holding `ip` (gloo would otherwise resolve the host
+    name, which may be any interface)."""
+    env = {"MASTER_ADDR": ip}
+    name = interface_of(ip)
+    if name is not None:
+        env.update(GLOO_SOCKET_IFNAME=name, NCCL_SOCKET_IFNAME=name, TP_SOCKET_IFNAME=name)
+    return env
+
+
+def loopback_env() -> dict[str, str]:
+    """Environment that keeps gloo / NCCL / Ray traffic on loopback (DESIGN §6)."""
+    return {**base_env(), **network_env(LOOPBACK)}
