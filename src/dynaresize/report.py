@@ -65,10 +65,12 @@ def load_run(path: str | Path) -> tuple[list[dict], list[dict], dict[str, Any]]:
     return metrics, events, summary
 
 
-def _colour(kind: str, resize_kinds: list[str]) -> str:
+def _colour(kind: str, other_kinds: list[str]) -> str:
+    """A fixed colour for the main kinds; the others (resize ops, checkpoint, recovery, fault)
+    cycle through a palette in the order of `other_kinds`."""
     if kind in COLOURS:
         return COLOURS[kind]
-    return RESIZE_COLOURS[resize_kinds.index(kind) % len(RESIZE_COLOURS)]
+    return RESIZE_COLOURS[other_kinds.index(kind) % len(RESIZE_COLOURS)]
 
 
 def plot_timeline(events: list[dict], out: Path) -> None:
@@ -76,7 +78,7 @@ def plot_timeline(events: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    resize_kinds = sorted({e["kind"] for e in events if e["kind"].startswith("resize.")})
+    resize_kinds = sorted({e["kind"] for e in events if e["kind"] not in COLOURS})
     bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for e in events:
         if e["kind"] != "resize":
