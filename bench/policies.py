@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--cases", help="comma-separated indices into CASES (default: all); "
+                        "implies --no-write and skips the extra lines")
     args = parser.parse_args(argv)
+    cases = CASES if args.cases is None else [CASES[int(i)] for i in args.cases.split(",")]
     steps = 6 if args.quick else args.steps
     lines = ["| workload | GPUs | s | oracle binds | static (split) | colocated | borrow "
              "| hysteresis | reference (split) | oracle | hyst / static | hyst / colocated "
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
              "| saved s / step vs reference |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     t0 = time.time()
-    for workload, gpus, requests in CASES:
+    for workload, gpus, requests in cases:
         for staleness in (1, 0):
             if args.quick:
                 requests = min(requests, 512)
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                            seed=0, requests_per_step=requests)
             lines.append(table_line(out, workload, requests, case_steps, steps))
             print(lines[-1], flush=True)
-    extra = [] if args.quick else [
+    extra = [] if args.quick or args.cases else [
         drift_second_half(40, 1), drift_second_half(40, 0), unseen_line(steps)]
     for line in extra:
         print(line, flush=True)
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
               f"Reproduce: `python bench/policies.py`.")
     table = "\n".join([header, "", *lines, "", *(f"- {line}" for line in extra)])
     print(table)
-    if not args.no_write and not args.quick:
+    if not args.no_write and not args.quick and not args.cases:
         write_block(START, END, table)
     return 0
 
