@@ -51,28 +51,44 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 _VLLM_WORLD: Any = None
 """vLLM's private torch.distributed world (size 1), kept for the process's later engines."""
-_MODEL_DIRS: dict[str, str] = {}
-"""Template model config -> a directory holding it as a transformers checkpoint."""
 
 
 class _ThreadWorlds:
     """Stands in for torch.distributed's module-level `_world` (every c10d function reads it
     through the module): a thread inside `_private_world` sees vLLM's world, every other thread
     the device's. The device's reshard may run in another thread while this one builds an
-    engine (resizes overlap the two), so the swap must not be process-wide."""
+    engine (resizes overlap the two), so the swap must not be process-wide.
+
+    A `_World` keeps only its default group itself; its maps and its group counter are module
+    globals shared by every instance. The maps may be shared (keyed by group object, vLLM's
+    group names are distinct), the counter may not: it names new groups, and every rank of the
+    device's world must count the same, whether or not it has built vLLM engines. So the
+    counter of vLLM's world lives here, starting far from the device's."""
 
     def __init__(self, default: Any) -> None:
         object.__setattr__(self, "_default", default)
         object.__setattr__(self, "_local", threading.local())
+        object.__setattr__(self, "_vllm_group_count", 1_000_000)
 
-    def _target(self) -> Any:
-        return getattr(self._local, "world", None) or self._default
+    def _private(self) -> Any:
+        return getattr(self._local, "world", None)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._target(), name)
+        private = self._private()
+        if private is None:
+            return getattr(self._default, name)
+        if name == "group_count":
+            return self._vllm_group_count
+        return getattr(private, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._target(), name, value)
+        private = self._private()
+        if private is None:
+            setattr(self._default, name, value)
+        elif name == "group_count":
+            object.__setattr__(self, "_vllm_group_count", value)
+        else:
+            setattr(private, name, value)
 
 
 @contextlib.contextmanager
@@ -88,7 +104,6 @@ def _private_world() -> Iterator[None]:
         c10d._world = _ThreadWorlds(c10d._world)
     if _VLLM_WORLD is None:
         _VLLM_WORLD = c10d._World()
-        _VLLM_WORLD.group_count = 1_000_000  # group names never collide with the device's
     local, set_num_threads = c10d._world._local, torch.set_num_threads
     local.world = _VLLM_WORLD
     try:
@@ -100,17 +115,17 @@ def _private_world() -> Iterator[None]:
 
 def model_dir(template: Any) -> str:
     """A directory holding `template` (a transformers model) as a checkpoint, written once per
-    model config in this process (vLLM loads models from disk)."""
-    key = template.config.to_json_string()
-    if key not in _MODEL_DIRS:
+    template object (vLLM loads models from disk)."""
+    path = getattr(template, "_dynaresize_vllm_dir", None)
+    if path is None:
         root = "/dev/shm" if os.path.isdir("/dev/shm") else None
         path = tempfile.mkdtemp(prefix="dynaresize-vllm-model-", dir=root)
         with _private_world():  # save_pretrained writes nothing on a world rank other than 0
             template.save_pretrained(path)
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise RuntimeError(f"saving the model for vLLM to {path} wrote no config.json")
-        _MODEL_DIRS[key] = path
-    return _MODEL_DIRS[key]
+        template._dynaresize_vllm_dir = path
+    return path
 
 
 @dataclass
