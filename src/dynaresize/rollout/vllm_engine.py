@@ -28,10 +28,12 @@ vLLM is imported here only, lazily: `dynaresize train` works without it (docs/vl
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import itertools
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -125,6 +127,7 @@ def model_dir(template: Any) -> str:
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise RuntimeError(f"saving the model for vLLM to {path} wrote no config.json")
         template._dynaresize_vllm_dir = path
+        atexit.register(shutil.rmtree, path, True)
     return path
 
 
