@@ -2,8 +2,8 @@
 the same model, prompts and device (one torch thread, as one CPU device of a run).
 
 Measured per engine, for each number of concurrent requests c: generated tokens per second
-(c requests submitted at once, each generating exactly `max_new_tokens`: the end-of-sequence
-id is one the model never emits), time to first token (submission to every request holding its
+(c requests submitted at once, each generating exactly `max_new_tokens`: no request stops
+early), time to first token (submission to every request holding its
 first token: the first engine iteration, which prefills all of them), and the engines' start
 and in-place weight-update times (median of 3). Results go to stdout and, with
 `--write-results`, into docs/results.md between `<!-- bench-rollout:start -->` and
@@ -102,7 +102,7 @@ def run_rollout_bench(max_new_tokens: int = 64, extra: tuple[str, ...] = (),
     def vllm() -> Any:
         from dynaresize.rollout.vllm_engine import VllmRolloutEngine, model_dir
 
-        return VllmRolloutEngine(model_dir(model), eos_token_id=never, device_index=0,
+        return VllmRolloutEngine(model_dir(model), eos_token_id=None, device_index=0,
                                  max_running=slots, max_model_len=512,
                                  kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes)
 

@@ -7,7 +7,7 @@ vLLM is imported here only, lazily: `dynaresize train` works without it (docs/vl
 * In-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): starts in seconds and takes the
   trainer's tensors directly. vLLM creates its own world-size-1 torch.distributed world; the
   device already has one (the run's gloo world), so the engine is built inside a private
-  `torch.distributed` world seen by the building thread only (`_private_world`), kept for
+  `torch.distributed` world seen by the building thread only (`rollout.vllm_world`), kept for
   later engines; vLLM's groups have one member, so nothing it does afterwards is collective.
   vLLM's teardown (which would destroy the device's groups too) is never run.
 * Exact sampling: token t's draw depends only on (request seed, t) (`rollout.vllm_sampler`), so
@@ -28,21 +28,17 @@ vLLM is imported here only, lazily: `dynaresize train` works without it (docs/vl
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import itertools
 import os
-import shutil
-import tempfile
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from dynaresize.rollout.engine import EngineStats
+from dynaresize.rollout.vllm_world import model_dir, private_world
 from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -50,86 +46,6 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # several devices 
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-_VLLM_WORLD: Any = None
-"""vLLM's private torch.distributed world (size 1), kept for the process's later engines."""
-
-
-class _ThreadWorlds:
-    """Stands in for torch.distributed's module-level `_world` (every c10d function reads it
-    through the module): a thread inside `_private_world` sees vLLM's world, every other thread
-    the device's. The device's reshard may run in another thread while this one builds an
-    engine (resizes overlap the two), so the swap must not be process-wide.
-
-    A `_World` keeps only its default group itself; its maps and its group counter are module
-    globals shared by every instance. The maps may be shared (keyed by group object, vLLM's
-    group names are distinct), the counter may not: it names new groups, and every rank of the
-    device's world must count the same, whether or not it has built vLLM engines. So the
-    counter of vLLM's world lives here, starting far from the device's."""
-
-    def __init__(self, default: Any) -> None:
-        object.__setattr__(self, "_default", default)
-        object.__setattr__(self, "_local", threading.local())
-        object.__setattr__(self, "_vllm_group_count", 1_000_000)
-
-    def _private(self) -> Any:
-        return getattr(self._local, "world", None)
-
-    def __getattr__(self, name: str) -> Any:
-        private = self._private()
-        if private is None:
-            return getattr(self._default, name)
-        if name == "group_count":
-            return self._vllm_group_count
-        return getattr(private, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        private = self._private()
-        if private is None:
-            setattr(self._default, name, value)
-        elif name == "group_count":
-            object.__setattr__(self, "_vllm_group_count", value)
-        else:
-            setattr(private, name, value)
-
-
-@contextlib.contextmanager
-def _private_world() -> Iterator[None]:
-    """Run vLLM's start-up (which initialises torch.distributed for a world of one) in its own
-    world, in this thread only. Also keeps `torch.set_num_threads`, which vLLM's CPU worker
-    replaces by a no-op."""
-    import torch
-    import torch.distributed.distributed_c10d as c10d
-
-    global _VLLM_WORLD
-    if not isinstance(c10d._world, _ThreadWorlds):
-        c10d._world = _ThreadWorlds(c10d._world)
-    if _VLLM_WORLD is None:
-        _VLLM_WORLD = c10d._World()
-    local, set_num_threads = c10d._world._local, torch.set_num_threads
-    local.world = _VLLM_WORLD
-    try:
-        yield
-    finally:
-        local.world = None
-        torch.set_num_threads = set_num_threads
-
-
-def model_dir(template: Any) -> str:
-    """A directory holding `template` (a transformers model) as a checkpoint, written once per
-    template object (vLLM loads models from disk)."""
-    path = getattr(template, "_dynaresize_vllm_dir", None)
-    if path is None:
-        root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        path = tempfile.mkdtemp(prefix="dynaresize-vllm-model-", dir=root)
-        with _private_world():  # save_pretrained writes nothing on a world rank other than 0
-            template.save_pretrained(path)
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise RuntimeError(f"saving the model for vLLM to {path} wrote no config.json")
-        template._dynaresize_vllm_dir = path
-        atexit.register(shutil.rmtree, path, True)
-    return path
-
 
 @dataclass
 class _Live:
@@ -144,11 +60,14 @@ class _Live:
 class VllmRolloutEngine:
     """One vLLM engine: continuous batching, exact seeded sampling, migration by resubmission."""
 
-    def __init__(self, model_path: str, *, eos_token_id: int, device_index: int,
+    def __init__(self, model_path: str, *, eos_token_id: int | None, device_index: int,
                  max_running: int = 32, max_model_len: int = 512,
                  kv_cache_bytes: int = 256 * 2**20, torch_device: str = "cpu",
                  dtype: str = "float32", companion: bool = True) -> None:
+        """`eos_token_id` None: requests stop at `max_new_tokens` only (benchmarks)."""
         self.eos_token_id = eos_token_id
+        self._filler = eos_token_id or 0
+        """Token of the warm-up and companion prompts."""
         self.device_index = device_index
         self.max_running = max_running
         self.max_model_len = max_model_len
@@ -162,7 +81,7 @@ class VllmRolloutEngine:
         self._ids = itertools.count()
         self._companion_id: str | None = None
         t0 = time.perf_counter()
-        with _private_world():
+        with private_world():
             from vllm import LLM
 
             self.llm = LLM(model=model_path, skip_tokenizer_init=True, dtype=dtype,
@@ -193,7 +112,7 @@ class VllmRolloutEngine:
 
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, detokenize=False)
         for i in range(2):
-            self.engine.add_request(f"warm-up-{i}", {"prompt_token_ids": [self.eos_token_id] * 3},
+            self.engine.add_request(f"warm-up-{i}", {"prompt_token_ids": [self._filler] * 3},
                                     params)
         while self.engine.has_unfinished_requests():
             self.engine.step()
@@ -279,7 +198,7 @@ class VllmRolloutEngine:
             self.stats.num_generated_tokens += len(new)
             if out.finished:
                 del self._live[out.request_id]
-                reason = "eos" if live.generated[-1] == self.eos_token_id else "length"
+                reason = "eos" if live.generated[-1] == self.eos_token_id else "length"  # kept
                 finished.append(Completion(spec=live.spec, tokens=live.generated,
                                            logprobs=live.logprobs, finish_reason=reason,
                                            device=self.device_index,
@@ -322,8 +241,9 @@ class VllmRolloutEngine:
             raise ValueError(f"request {spec.key}: {len(context)} context tokens + {remaining} "
                              f"to generate do not fit max_model_len {self.max_model_len}")
         params = SamplingParams(
-            temperature=0.0, max_tokens=remaining, stop_token_ids=[self.eos_token_id],
-            logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA,
+            temperature=0.0, max_tokens=remaining, ignore_eos=self.eos_token_id is None,
+            stop_token_ids=[] if self.eos_token_id is None else [self.eos_token_id], logprobs=0,
+            detokenize=False, output_kind=RequestOutputKind.DELTA,
             extra_args={SEED: spec.seed, OFFSET: len(item.generated),
                         TEMPERATURE: spec.temperature})
         request_id = f"{spec.step}-{spec.prompt}-{spec.sample}-{next(self._ids)}"
@@ -342,7 +262,7 @@ class VllmRolloutEngine:
         params = SamplingParams(temperature=0.0, max_tokens=self.max_model_len - 1,
                                 ignore_eos=True, detokenize=False,
                                 output_kind=RequestOutputKind.DELTA)
-        self.engine.add_request(self._companion_id, {"prompt_token_ids": [self.eos_token_id]},
+        self.engine.add_request(self._companion_id, {"prompt_token_ids": [self._filler]},
                                 params)
 
     def _abort_companion(self) -> None:
