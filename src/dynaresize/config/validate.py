@@ -3,6 +3,8 @@ the field, the value and what is allowed."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -10,10 +12,13 @@ from dynaresize.config.schema import (
     BACKENDS,
     CPU_DEVICE_BYTES,
     DEVICE_TYPES,
+    ENGINES,
     MOVES,
     PLACEMENTS,
     PROGRESS,
     TASKS,
+    VLLM_CPU_HEAD_DIMS,
+    VLLM_INSTALL,
     Config,
     ConfigError,
     ResizeEntry,
@@ -95,6 +100,8 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _non_negative("rollout.pack_batch", cfg.rollout.pack_batch)
     _positive("rollout.temperature", cfg.rollout.temperature)
     _positive("rollout.slice_s", cfg.rollout.slice_s)
+    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
+    _positive("rollout.vllm_kv_cache_bytes", cfg.rollout.vllm_kv_cache_bytes)
     _positive("train.lr", m.lr)
     _non_negative("train.weight_decay", m.weight_decay)
     _positive("train.micro_batch_size", m.micro_batch_size)
@@ -133,6 +140,8 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
                           "must be in (0, 1]")
     _one_of("output.progress", cfg.output.progress, PROGRESS)
     _validate_ray(cfg)
+    if check_machine and cfg.devices.backend == "ray" and cfg.rollout.engine == "vllm":
+        _validate_vllm(cfg)
     if check_machine and cfg.devices.backend == "ray" and not cfg.ray.address:
         limit = machine_device_limit(cfg.devices.type)
         if cfg.devices.type == "cuda":  # devices sharing a GPU
@@ -153,6 +162,33 @@ def _validate_ray(cfg: Config) -> None:
                               "'HOST:PORT' of a running cluster's GCS (e.g. 10.0.0.1:6379)")
     _one_of("ray.placement", cfg.ray.placement, PLACEMENTS)
     _positive("ray.placement_timeout_s", cfg.ray.placement_timeout_s)
+
+
+def model_head_dim(cfg: Config) -> int | None:
+    """Attention head size of the configured model (None: not known without loading it)."""
+    if not cfg.model.path:
+        return cfg.model.hidden_size // cfg.model.num_heads
+    try:
+        with open(Path(cfg.model.path) / "config.json") as f:
+            hf = json.load(f)
+        return int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def _validate_vllm(cfg: Config) -> None:
+    """rollout.engine = 'vllm' on real devices: vLLM installed, a model it can serve."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine", "vllm", f"vLLM is not installed: run `{VLLM_INSTALL}`")
+    head_dim = model_head_dim(cfg)
+    if cfg.devices.type == "cpu" and head_dim is not None and head_dim not in VLLM_CPU_HEAD_DIMS:
+        how = ("" if cfg.model.path else f" = model.hidden_size {cfg.model.hidden_size} / "
+               f"model.num_heads {cfg.model.num_heads}; e.g. --set model.num_heads="
+               f"{max(1, cfg.model.hidden_size // 32)}")
+        raise ConfigError("rollout.engine", "vllm",
+                          f"vLLM's CPU attention supports head_dim "
+                          f"{', '.join(map(str, VLLM_CPU_HEAD_DIMS))}; this model has head_dim "
+                          f"{head_dim}{how} (or use rollout.engine = 'builtin')")
 
 
 def _validate_faults(cfg: Config) -> None:

@@ -86,7 +86,7 @@ class DeviceActor:
         from dynaresize.config import config_from_dict
         from dynaresize.tasks import make_task
 
-        self.engine = None
+        self._drop_engine()
         self.trainer = self._next_trainer = self._old_trainer = None
         self.cfg = config_from_dict(cfg_dict)
         self.task = make_task(self.cfg)
@@ -113,6 +113,16 @@ class DeviceActor:
     def _build_engine(self, blank: bool = False) -> None:
         from dynaresize.rollout.engine import RolloutEngine
 
+        self._drop_engine()
+        if self.cfg.rollout.engine == "vllm":  # vLLM in this process (docs/vllm.md)
+            from dynaresize.rollout.vllm_engine import build_vllm_engine
+
+            self._build_model(blank=True)  # the version-0 template, which vLLM loads from disk
+            self.engine = build_vllm_engine(self.cfg, self._template,
+                                            eos_token_id=self.task.tokenizer.eos_id,
+                                            device_index=self.index,
+                                            torch_device=self.torch_device)
+            return
         self.engine = RolloutEngine(self._build_model(blank),
                                     eos_token_id=self.task.tokenizer.eos_id,
                                     device_index=self.index,
@@ -194,16 +204,26 @@ class DeviceActor:
     def drop_trainer(self) -> None:
         self._old_trainer = None
 
+    def _drop_engine(self) -> None:
+        """Let go of the rollout engine (a vLLM engine is shut down: frees its memory)."""
+        engine, self.engine = self.engine, None
+        if engine is not None and hasattr(engine, "shutdown"):
+            engine.shutdown()
+
     def release_kv(self) -> None:
         if self.engine is not None:
             assert self.engine.num_running == 0 and self.engine.num_waiting == 0
+            if hasattr(self.engine, "release_kv"):  # vLLM: sleep on CUDA (vllm_engine)
+                self.engine.release_kv()
 
     def release_rollout_weights(self) -> None:
-        self.engine = None
+        self._drop_engine()
 
     def alloc_kv(self) -> None:
         if self.engine is None:
             self._build_engine()
+        elif hasattr(self.engine, "alloc_kv"):  # vLLM: wake up on CUDA
+            self.engine.alloc_kv()
 
     # ------------------------------------------------------------------ rollout
     def load_weights(self, version: int, state_dict: dict[str, Any] | None) -> None:

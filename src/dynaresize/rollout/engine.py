@@ -24,6 +24,7 @@ Determinism, by construction:
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -92,6 +93,10 @@ class RolloutEngine:
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.model = model.to(torch_device).eval().requires_grad_(False)
+        # transformers >= 5.20 names the KV cache argument `cache`, earlier 5.x (the 5.19 that
+        # vLLM 0.32 pins) `past_key_values`; an unknown name would be ignored silently
+        self._cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                           else "past_key_values")
         self.eos_token_id = eos_token_id
         self.device_index = device_index
         self.max_running = max_running
@@ -225,8 +230,8 @@ class RolloutEngine:
         start = cache.get_seq_length()
         input_ids = torch.tensor([tokens], dtype=torch.long, device=self.torch_device)
         position_ids = torch.arange(start, start + len(tokens), device=self.torch_device)
-        out = self.model(input_ids=input_ids, position_ids=position_ids[None], cache=cache,
-                         use_cache=True)
+        out = self.model(input_ids=input_ids, position_ids=position_ids[None], use_cache=True,
+                         **{self._cache_arg: cache})
         return out.logits[0, -1]
 
     def _forward_batched(self, reqs: list[_Running]) -> list[torch.Tensor]:
@@ -253,7 +258,7 @@ class RolloutEngine:
         out = self.model(
             input_ids=torch.tensor([[r.next_input] for r in reqs], device=self.torch_device),
             position_ids=torch.tensor([[n] for n in lengths], device=self.torch_device),
-            attention_mask=mask, cache=batch, use_cache=True)
+            attention_mask=mask, use_cache=True, **{self._cache_arg: batch})
         for row, r in enumerate(reqs):
             for i, layer in enumerate(batch.layers):
                 new = slice(row, row + 1), slice(None), slice(-1, None)

@@ -1,0 +1,66 @@
+"""Counter-based Gumbel-max sampling: the draw of token `t` of a request is a function of
+(request seed, t) only, never of a generator's history (pure torch, no vLLM).
+
+An engine that restarts a request from its token prefix (vLLM's resubmission after a migration:
+its per-request generator would restart) continues it token for token: token `t` is
+
+    argmax_i  logits_i / T + G_i(seed, t),     G_i = -log(-log(U_i)),
+
+which picks token i with probability softmax(logits / T)_i (the Gumbel-max trick), with
+`U_i(seed, t)` a hash of (seed, t, i). The hash is integer arithmetic on int64 tensors whose
+intermediate values never overflow (the 32-bit multiplies are split in 16-bit halves), so the
+noise is bit-identical on every device type and batch layout, and vectorised over [rows, vocab].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_M1, _M2 = 0x85EBCA6B, 0xC2B2AE35  # murmur3's 32-bit finaliser constants
+
+
+def draw_key(seed: int, t: int) -> tuple[int, int]:
+    """Two 32-bit keys of the draw of token `t` of the request with `seed`."""
+    digest = hashlib.blake2b(struct.pack("<QQ", seed & (2**64 - 1), t), digest_size=8).digest()
+    return struct.unpack("<II", digest)
+
+
+def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
+    """(h * c) mod 2**32 for h in [0, 2**32) without leaving int64's range."""
+    hi, lo = h >> 16, h & 0xFFFF
+    return ((((hi * c) & 0xFFFF) << 16) + lo * c) & _MASK32
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's finaliser: a bijection of [0, 2**32) with full avalanche."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, _M1)
+    h = h ^ (h >> 13)
+    h = _mul32(h, _M2)
+    return h ^ (h >> 16)
+
+
+def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """U(seed, t, i) in (0, 1), float64 [rows, vocab_size]; `keys`: int64 [rows, 2] from
+    `draw_key` (53 random bits per value, from two hashes)."""
+    index = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)[None, :]
+    k0, k1 = keys[:, :1], keys[:, 1:]
+    a = _fmix32(_fmix32(index ^ k0) ^ k1)
+    b = _fmix32(a ^ _fmix32(k1 ^ 0x9E3779B9)) >> 11  # 21 bits
+    return ((a << 21) + b).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
+
+
+def gumbel_sample(logits: torch.Tensor, temperatures: torch.Tensor, keys: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of `logits` [rows, vocab] (any float dtype, any device):
+    returns (tokens int64 [rows], their log-probs under softmax(logits / T), float64 [rows]).
+    `temperatures` [rows] > 0; `keys` int64 [rows, 2] (`draw_key(seed, t)` of each row)."""
+    scaled = logits.to(torch.float64) / temperatures.to(torch.float64)[:, None]
+    noise = -torch.log(-torch.log(uniforms(keys, logits.shape[-1])))
+    tokens = torch.argmax(scaled + noise, dim=-1)
+    logprobs = torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None])[:, 0]
+    return tokens, logprobs

@@ -1,0 +1,93 @@
+"""vLLM inside a device process that already has a torch.distributed world (the run's gloo
+world): a private world for vLLM's start-up seen by the building thread only, and the model
+directory vLLM loads from. No vLLM import here (see `rollout.vllm_engine`)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_VLLM_WORLD: Any = None
+"""vLLM's private torch.distributed world (size 1), kept for the process's later engines."""
+
+
+class _ThreadWorlds:
+    """Stands in for torch.distributed's module-level `_world` (every c10d function reads it
+    through the module): a thread inside `private_world` sees vLLM's world, every other thread
+    the device's. The device's reshard may run in another thread while this one builds an
+    engine (resizes overlap the two), so the swap must not be process-wide.
+
+    A `_World` keeps only its default group itself; its maps and its group counter are module
+    globals shared by every instance. The maps may be shared (keyed by group object, vLLM's
+    group names are distinct), the counter may not: it names new groups, and every rank of the
+    device's world must count the same, whether or not it has built vLLM engines. So the
+    counter of vLLM's world lives here, starting far from the device's."""
+
+    def __init__(self, default: Any) -> None:
+        object.__setattr__(self, "_default", default)
+        object.__setattr__(self, "_local", threading.local())
+        object.__setattr__(self, "_vllm_group_count", 1_000_000)
+
+    def _private(self) -> Any:
+        return getattr(self._local, "world", None)
+
+    def __getattr__(self, name: str) -> Any:
+        private = self._private()
+        if private is None:
+            return getattr(self._default, name)
+        if name == "group_count":
+            return self._vllm_group_count
+        return getattr(private, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        private = self._private()
+        if private is None:
+            setattr(self._default, name, value)
+        elif name == "group_count":
+            object.__setattr__(self, "_vllm_group_count", value)
+        else:
+            setattr(private, name, value)
+
+
+@contextlib.contextmanager
+def private_world() -> Iterator[None]:
+    """Run vLLM's start-up (which initialises torch.distributed for a world of one) in its own
+    world, in this thread only. Also keeps `torch.set_num_threads`, which vLLM's CPU worker
+    replaces by a no-op."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    global _VLLM_WORLD
+    if not isinstance(c10d._world, _ThreadWorlds):
+        c10d._world = _ThreadWorlds(c10d._world)
+    if _VLLM_WORLD is None:
+        _VLLM_WORLD = c10d._World()
+    local, set_num_threads = c10d._world._local, torch.set_num_threads
+    local.world = _VLLM_WORLD
+    try:
+        yield
+    finally:
+        local.world = None
+        torch.set_num_threads = set_num_threads
+
+
+def model_dir(template: Any) -> str:
+    """A directory holding `template` (a transformers model) as a checkpoint, written once per
+    template object (vLLM loads models from disk)."""
+    path = getattr(template, "_dynaresize_vllm_dir", None)
+    if path is None:
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        path = tempfile.mkdtemp(prefix="dynaresize-vllm-model-", dir=root)
+        with private_world():  # save_pretrained writes nothing on a world rank other than 0
+            template.save_pretrained(path)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise RuntimeError(f"saving the model for vLLM to {path} wrote no config.json")
+        template._dynaresize_vllm_dir = path
+        atexit.register(shutil.rmtree, path, True)
+    return path

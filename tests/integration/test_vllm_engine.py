@@ -1,0 +1,113 @@
+"""The vLLM rollout engine in this process (no Ray): exact seeded sampling across repeats,
+migration by resubmission, a request running alone, log-probs against transformers, in-place
+weight reload and the version check. Skipped without vLLM (`bash scripts/setup.sh
+--with-vllm`; CI installs it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+
+from dynaresize.config import load_config  # noqa: E402
+from dynaresize.models import build_model  # noqa: E402
+from dynaresize.types import RequestSpec, request_seed  # noqa: E402
+
+VOCAB, EOS = 64, 1
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    cfg = load_config(None, ["model.num_heads=2"])
+    return build_model(cfg.model, VOCAB, eos_token_id=EOS, bos_token_id=0, pad_token_id=2)
+
+
+@pytest.fixture(scope="module")
+def engine(model: Any) -> Iterator[Any]:
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, model_dir
+
+    eng = VllmRolloutEngine(model_dir(model), eos_token_id=EOS, device_index=3, max_running=8,
+                            kv_cache_bytes=32 * 2**20)
+    yield eng
+    eng.shutdown()
+
+
+def specs(num: int, version: int = 0, max_new: int = 24) -> list[RequestSpec]:
+    return [RequestSpec(0, i // 2, i % 2, version, tuple(range(3, 5 + i % 4)), max_new,
+                        request_seed(5, 0, i // 2, i % 2), temperature=1.0 + 0.25 * (i % 2))
+            for i in range(num)]
+
+
+def run_all(engine: Any, items: list[Any]) -> dict[tuple[int, int, int], Any]:
+    for item in items:
+        engine.add(item)
+    done = engine.run(120.0, until_empty=True)
+    assert engine.num_running == 0 and engine.num_waiting == 0
+    return {c.spec.key: c for c in done}
+
+
+def test_repeat_and_migration_give_the_same_tokens(engine: Any) -> None:
+    first = run_all(engine, specs(6))
+    assert len(first) == 6 and {c.device for c in first.values()} == {3}
+    again = run_all(engine, specs(6))
+    assert {k: c.tokens for k, c in again.items()} == {k: c.tokens for k, c in first.items()}
+    for item in specs(6):
+        engine.add(item)
+    finished = []
+    for _ in range(6):
+        finished += engine.step()
+    moved = engine.export_inflight()
+    assert moved and all(0 < len(m.generated) == len(m.logprobs) for m in moved)
+    assert engine.num_running == 0
+    migrated = run_all(engine, list(reversed(moved)))  # another order, other batch slots
+    migrated.update({c.spec.key: c for c in finished})
+    for key, c in first.items():
+        assert migrated[key].tokens == c.tokens
+        assert migrated[key].logprobs == pytest.approx(c.logprobs, abs=1e-5)
+        assert c.finish_reason == ("eos" if c.tokens[-1] == EOS else "length")
+
+
+def test_a_request_alone_matches_it_in_a_batch(engine: Any) -> None:
+    batch = run_all(engine, specs(4))
+    for item in specs(4):
+        alone = run_all(engine, [item])[item.key]
+        assert alone.tokens == batch[item.key].tokens
+
+
+def test_logprobs_are_those_of_the_model_at_the_temperature(engine: Any, model: Any) -> None:
+    for key, c in run_all(engine, specs(4)).items():
+        spec = next(s for s in specs(4) if s.key == key)
+        ids = torch.tensor([[*spec.prompt_tokens, *c.tokens]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].double() / spec.temperature
+        ref = torch.log_softmax(logits, -1)
+        start = len(spec.prompt_tokens) - 1
+        expected = [float(ref[start + j, t]) for j, t in enumerate(c.tokens)]
+        assert c.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_weight_reload_in_place_and_version_check(engine: Any, model: Any) -> None:
+    before = run_all(engine, specs(4))
+    engine.add(specs(1)[0])
+    engine.step()
+    shifted = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match="cannot load version 1"):
+        engine.load_weights(shifted, 1)
+    engine.export_inflight()
+    engine.load_weights(shifted, 1)
+    assert engine.version == 1
+    with pytest.raises(ValueError, match="needs version 0"):
+        run_all(engine, specs(1))
+    engine.export_inflight()
+    after = run_all(engine, specs(4, version=1))
+    assert any(after[k].tokens != before[k].tokens for k in before)
+    engine.release_kv()
+    engine.alloc_kv()
+    engine.load_weights(model.state_dict(), 0)
+    restored = run_all(engine, specs(4))
+    assert {k: c.tokens for k, c in restored.items()} == {k: c.tokens for k, c in before.items()}
