@@ -41,11 +41,16 @@ def _resume_config(args: argparse.Namespace) -> Config:
 
 
 def _check_task_data(cfg: Config) -> None:
-    """Load the task's dataset now (no torch): a bad line fails before any process starts."""
-    from dynaresize.tasks import make_task
+    """Load the task's dataset now: a bad line, generator or field fails before any process
+    starts (a `model.source` is materialised here, once, with progress: its tokenizer)."""
+    from dynaresize.tasks import make_task, model_dir
 
     try:
+        if cfg.model.source:
+            model_dir(cfg, print)
         make_task(cfg)
+    except ConfigError:
+        raise
     except ValueError as exc:
         raise UsageError(f"task dataset: {exc}") from None
 

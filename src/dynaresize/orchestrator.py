@@ -151,6 +151,8 @@ class Orchestrator(RolloutLoop, TrainLoop, ResizeHooks):
         runner of a backend that can lose devices."""
         self.injector: Any = None
         """faults.FaultInjector: `[[faults.kill]]` (kills for real)."""
+        self.evaluator: Any = None
+        """evaluation.Evaluator: held-out evaluation, called once per step record (issue 18)."""
         self._optimizer_step = self.start_step
         self.streaming = bool(getattr(self.controller, "streams_training", False)
                               and cfg.controller.stream_training and cfg.train.exact_reduction)

@@ -101,6 +101,8 @@ class TrainLoop:
                 self._rollout_width.pop(step, len(self.allocation.rollout)), len(trainers),
                 train_device_s, got.rollout_device_s, got.rollout_tail_device_s,
                 got.ready_profile, got.response_cv))
+            if self.evaluator is not None:  # held-out evaluation hook (evaluation.Evaluator)
+                record.update(await self.evaluator.evaluate(step, self.versions.get))
             self.rundir.metric(record)
             self.on_step(record)
 

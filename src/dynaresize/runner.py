@@ -56,7 +56,9 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
     from dynaresize.checkpoint import Checkpointer, read_latest
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
+    from dynaresize.eval_worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.faults import FaultInjector
+    from dynaresize.metric_sinks import make_sinks
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.recovery import Recovery
     from dynaresize.tasks import make_task
@@ -70,6 +72,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     rundir.write_config(to_toml(cfg))
     started_ray = False
     own_pool = pool is None
+    evaluator = None
     try:
         if own_pool:
             alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
@@ -84,6 +87,9 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                                    cfg.allocation.num_train_devices)
         devices = pool.devices(cfg.to_dict(), alloc.roles)
         task = make_task(cfg)
+        # issue 18: metric sinks and held-out evaluation (eval_worker: its own Ray actor)
+        rundir.sinks = make_sinks(cfg, rundir.path, progress.message)
+        evaluator = start_ray_evaluator(cfg, rundir.eval_result)
 
         def on_step(record: dict[str, Any]) -> None:
             progress.step(record)
@@ -104,9 +110,15 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                             resume_from=resume_from)
         orch.recovery = Recovery(orch, pool.is_alive, pool.new_store)
         orch.injector = injector if cfg.faults.kill else None
+        orch.evaluator = evaluator
         progress.status("building models and process groups…")
         summary = asyncio.run(orch.run())
         progress.close()
+        if evaluator is not None and evaluator.results:  # first and last held-out accuracy
+            evals = [evaluator.results[v] for v in sorted(evaluator.results)]
+            summary.update(eval_accuracy_first=evals[0]["eval_accuracy"],
+                           eval_accuracy_last=evals[-1]["eval_accuracy"])
+            rundir.summary(summary)
         if injector.fired or orch.recovery.records:
             summary.update(num_faults=len(orch.recovery.records),
                            faults=orch.recovery.records,
@@ -116,6 +128,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
             _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")
         return summary
     finally:
+        stop_ray_evaluator(evaluator)
         rundir.close()
         if own_pool and pool is not None:
             pool.shutdown()

@@ -13,6 +13,7 @@ from typing import Any
 from dynaresize.config.schema import Config, ConfigError, KillEntry, ResizeEntry
 from dynaresize.config.validate import _is_file, validate
 
+
 def _section_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -40,7 +41,23 @@ def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(name, value, "must be a string", source)
+    if typ == dict[str, Any]:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(name, value, "must be a table, e.g. {min_digits = 2}", source)
     return value
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
 
 
 def _resize_entries(name: str, value: Any, source: str, cls: type = ResizeEntry) -> list[Any]:
@@ -144,12 +161,7 @@ def to_toml(cfg: Config) -> str:
             value = getattr(section, f.name)
             if isinstance(value, list):
                 continue
-            if isinstance(value, bool):
-                text = "true" if value else "false"
-            elif isinstance(value, str):
-                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            else:
-                text = repr(value)
+            text = _toml_value(value)
             lines.append(f"{f.name} = {text}  # {f.metadata.get('doc', '')}")
         lines.append("")
     for e in cfg.faults.kill:
