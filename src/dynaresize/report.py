@@ -231,7 +231,8 @@ def report(path: str | Path) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     print(report(args.run_dir), end="")
-    print(f"plots: {args.run_dir}/timeline.png, utilisation.png, stages.png (+ reward.png, eval.png)")
+    print(f"plots: {args.run_dir}/timeline.png, utilisation.png, stages.png "
+          "(+ reward.png, eval.png)")
     return 0
 
 

@@ -56,7 +56,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
     from dynaresize.checkpoint import Checkpointer, read_latest
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
-    from dynaresize.eval_worker import start_ray_evaluator, stop_ray_evaluator
+    from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.faults import FaultInjector
     from dynaresize.metric_sinks import make_sinks
     from dynaresize.orchestrator import Orchestrator
@@ -87,7 +87,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                                    cfg.allocation.num_train_devices)
         devices = pool.devices(cfg.to_dict(), alloc.roles)
         task = make_task(cfg)
-        # issue 18: metric sinks and held-out evaluation (eval_worker: its own Ray actor)
+        # issue 18: metric sinks and held-out evaluation (evaluation.worker: its own Ray actor)
         rundir.sinks = make_sinks(cfg, rundir.path, progress.message)
         evaluator = start_ray_evaluator(cfg, rundir.eval_result)
 

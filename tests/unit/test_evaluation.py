@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from dynaresize.evaluation import EVAL_KEYS, Evaluator, eval_version, eval_versions, \
-    score_responses
+from dynaresize.evaluation import (
+    EVAL_KEYS,
+    Evaluator,
+    eval_version,
+    eval_versions,
+    score_responses,
+)
 
 
 def test_schedule_step0_every_n_and_final_weights() -> None:

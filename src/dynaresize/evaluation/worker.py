@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from dynaresize.evaluation import score_responses
+from dynaresize.evaluation.evaluator import score_responses
 
 NUM_EXAMPLES = 3
 BATCH = 16
@@ -95,7 +95,7 @@ def start_ray_evaluator(cfg: Any, log: Any = None) -> Any:
     import ray
 
     from dynaresize.devices.actor import loopback_env
-    from dynaresize.evaluation import Evaluator
+    from dynaresize.evaluation.evaluator import Evaluator
 
     if not cfg.eval.every:
         return None

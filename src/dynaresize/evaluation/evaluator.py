@@ -12,7 +12,7 @@ The orchestrator calls `Evaluator.evaluate(step, weights_of)` from one place, ju
 writes step k's record (after publishing version k + 1). The evaluator then starts the next
 due evaluation whose weights exist already, so it runs while the next step trains, and waits
 for the one the record needs. The work itself (`run_eval(version, weights) -> result`) runs
-elsewhere: `eval_worker.EvalWorker` in its own Ray actor, so evaluation never borrows a
+elsewhere: `evaluation.worker.EvalWorker` in its own Ray actor, so evaluation never borrows a
 rollout or training device and cannot change the run's samples.
 """
 
