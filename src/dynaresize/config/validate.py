@@ -154,6 +154,11 @@ def _validate_text_task(cfg: Config) -> None:
     _non_negative("eval.every", e.every)
     _positive("eval.num_prompts", e.num_prompts)
     _non_negative("eval.max_new_tokens", e.max_new_tokens)
+    if cfg.model.source and t.name not in TEXT_TASKS:
+        raise ConfigError("task.name", t.name, f"model.source = {cfg.model.source!r} is "
+                          "pretrained with its own tokenizer; task "
+                          f"{t.name!r} uses the tiny model's 53-character one: use a text "
+                          f"task ({', '.join(TEXT_TASKS)})")
     if t.name in TEXT_TASKS and not (cfg.model.source or cfg.model.path):
         raise ConfigError("task.name", t.name, "a text task needs a pretrained model with its "
                           "own tokenizer: set model.source (e.g. 'smollm2-135m') or model.path")
