@@ -71,6 +71,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
           f"final reward {summary['final_reward']:.3f}, {summary['tokens_per_s']:.0f} tokens/s, "
           f"bubble {summary['bubble_fraction']:.1%}; run directory: {out}")
+    if "eval_accuracy_last" in summary:
+        print(f"held-out accuracy {summary['eval_accuracy_first']:.3f} -> "
+              f"{summary['eval_accuracy_last']:.3f}")
     return 0
 
 
