@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CHARS = "0123456789 +-=\n<>/abcdefghijklmnopqrstuvwxyz.,?:"
+CHARS = "0123456789 +-=*()\n<>/abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.,?:$%'"
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 

@@ -158,3 +158,13 @@ def test_math_dataset_parquet(tokenizer, tmp_path: Path) -> None:
     task = MathTask(str(path), "q", "a", tokenizer, fmt="completion", num_fewshot=1, num_eval=1)
     p = task.batch(0, 1, 0)[0]
     assert task.reward(p, tokenizer.encode(p.answer)) == 1.0
+
+
+@pytest.mark.parametrize("generator", ["chain_sum", "basic_arithmetic", "gsm_symbolic",
+                                       "countdown", "leg_counting"])
+def test_any_generator_scores_its_reference_right_and_junk_wrong(tokenizer,
+                                                                 generator: str) -> None:
+    task = gym(tokenizer, generator, {}, question_template="{question}", num_eval=4)
+    for prompt in task.batch(2, 2, seed=3):
+        assert task.reward(prompt, tokenizer.encode(f" {prompt.answer}\n")) == 1.0
+        assert task.reward(prompt, tokenizer.encode(" zzz\n")) < 1.0

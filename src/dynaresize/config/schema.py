@@ -62,6 +62,9 @@ class TaskConfig:
     generator_args: dict[str, Any] = _doc("reasoning_gym: the generator's config, e.g. "
                                           "{min_digits = 2, max_digits = 2}.",
                                           default_factory=dict)
+    dataset_size: int = _doc("reasoning_gym: items in the training stream (a few generators "
+                             "build them all up front); the prompts cycle through them.",
+                             default=10000)
     question_template: str = _doc("reasoning_gym: the question text from the entry's "
                                   "'question' and metadata fields, e.g. '{expression} ='.",
                                   default="{question}")

@@ -151,6 +151,7 @@ def _validate_text_task(cfg: Config) -> None:
     t, e = cfg.task, cfg.eval
     _one_of("task.format", t.format, TEXT_FORMATS)
     _non_negative("task.num_fewshot", t.num_fewshot)
+    _positive("task.dataset_size", t.dataset_size)
     _non_negative("eval.every", e.every)
     _positive("eval.num_prompts", e.num_prompts)
     _non_negative("eval.max_new_tokens", e.max_new_tokens)

@@ -82,7 +82,8 @@ def _make_reasoning_gym(cfg: Config) -> Task:
 
     t = cfg.task
     return ReasoningGymTask(t.generator, t.generator_args, model_tokenizer(cfg), t.format,
-                            t.num_fewshot, cfg.eval.num_prompts, t.question_template)
+                            t.num_fewshot, cfg.eval.num_prompts, t.question_template,
+                            t.dataset_size)
 
 
 @register_task("math")

@@ -97,7 +97,7 @@ class MathTask(TextTask):
 
     def item(self, stream: int, index: int, seed: int) -> tuple[str, str, Any]:
         if stream == 0:
-            row = self._train_row(index % 2**40, seed)
+            row = self._train_row(index, seed)
         elif stream == 1:
             row = self._eval_rows[index]
         else:

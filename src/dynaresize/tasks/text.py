@@ -31,6 +31,8 @@ ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 EVAL_STREAM = 1
 FEWSHOT_STREAM = 2
 MAX_SKIPS = 64
+SKIP_STRIDE = 7919
+"""A training item held out for evaluation is replaced by the item this many places on."""
 
 
 def stream_seed(seed: int, stream: int) -> int:
@@ -94,10 +96,10 @@ class TextTask(IndexedTask):
 
     def prompt_at(self, index: int, seed: int) -> Prompt:
         """Training prompt `index`: item `index` of the training stream, or (if its question
-        is held out) of `index + j * 2**40` for the first j that is not."""
+        is held out) of `index + j * SKIP_STRIDE` for the first j that is not."""
         held_out = self._held_out(seed)
         for j in range(MAX_SKIPS):
-            question, answer, meta = self.item(0, index + j * 2**40, seed)
+            question, answer, meta = self.item(0, index + j * SKIP_STRIDE, seed)
             if question not in held_out:
                 break
         else:
