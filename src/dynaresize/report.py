@@ -7,6 +7,7 @@ Consumes DIR/metrics.jsonl, events.jsonl and summary.json (DESIGN §5); produces
 - `utilisation.png`: busy devices over time, per kind of work;
 - `stages.png`: rollout, train and step seconds per step, and the allocation;
 - `reward.png`: the reward curve (when the run's rewards vary, i.e. a live run);
+- `eval.png`: held-out accuracy and reward by policy version (runs with `eval.every`);
 - `summary.txt`: the text summary, also printed.
 
 A malformed file raises `UsageError` naming the file and line (exit code 2).
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from dynaresize.cli import UsageError
+from dynaresize.report_eval import eval_summary, plot_eval
 from dynaresize.rundir import EVENT_KEYS, METRIC_KEYS, read_jsonl
 from dynaresize.timeline import BUSY_KINDS, idle_device_s_per_step
 
@@ -203,6 +205,8 @@ def summary_text(path: Path, metrics: list[dict], events: list[dict],
              f"{sum(not e.get('ok', True) for e in by_index.values())} failed; "
              f"mean critical path {np.mean(crit) if crit else 0.0:.3f} s",
              f"final reward: {summary.get('final_reward', last_reward)}"]
+    if eval_summary(metrics):
+        lines.append(str(eval_summary(metrics)))
     if metrics:
         allocs = sorted({(m["num_rollout_devices"], m["num_train_devices"]) for m in metrics})
         lines.append("allocations seen (rollout/train): "
@@ -221,6 +225,7 @@ def report(path: str | Path) -> str:
     plot_timeline(events, path)
     busy = plot_utilisation(events, num_devices, path)
     plot_stages(metrics, path)
+    plot_eval(metrics, path)
     text = summary_text(path, metrics, events, summary, busy)
     (path / "summary.txt").write_text(text)
     return text
@@ -228,7 +233,8 @@ def report(path: str | Path) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     print(report(args.run_dir), end="")
-    print(f"plots: {args.run_dir}/timeline.png, utilisation.png, stages.png (+ reward.png)")
+    print(f"plots: {args.run_dir}/timeline.png, utilisation.png, stages.png "
+          "(+ reward.png, eval.png)")
     return 0
 
 

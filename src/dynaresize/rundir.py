@@ -36,6 +36,8 @@ class RunDir:
         """Device index → Ray node id: events carry their device's `node` (set by the
         runner)."""
         self._files: dict[str, TextIO] = {}
+        self.sinks: list[Any] = []
+        """Extra metric sinks (metric_sinks: TensorBoard, W&B); each gets every record."""
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
             if resume_step is not None:
@@ -70,6 +72,8 @@ class RunDir:
         assert not missing, f"metric record lacks {missing}"
         self.metrics.append(record)
         self._write("metrics", record)
+        for sink in self.sinks:
+            sink.write(record)
 
     def event(self, t_start: float, t_end: float, device: int, kind: str,
               critical: bool = True, num_bytes: int = 0, **extra: Any) -> None:
@@ -97,10 +101,19 @@ class RunDir:
         if self.path is not None:
             (self.path / "config.toml").write_text(text)
 
+    def eval_result(self, record: dict[str, Any]) -> None:
+        """A full evaluation result (with decoded examples) into eval.jsonl."""
+        if self.path is not None:
+            with open(self.path / "eval.jsonl", "a") as f:
+                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()
         self._files.clear()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks.clear()
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

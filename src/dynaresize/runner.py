@@ -57,7 +57,9 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
     from dynaresize.checkpoint import read_latest
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
+    from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.faults import FaultInjector
+    from dynaresize.metric_sinks import make_sinks
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.orchestrator.checkpoint import CheckpointTarget
     from dynaresize.tasks import make_task
@@ -71,6 +73,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     rundir.write_config(to_toml(cfg))
     started_ray = False
     own_pool = pool is None
+    evaluator = None
     try:
         if own_pool:
             alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
@@ -92,6 +95,9 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                                    cfg.allocation.num_train_devices)
         devices = pool.devices(cfg.to_dict(), alloc.roles)
         task = make_task(cfg)
+        # issue 18: metric sinks and held-out evaluation (evaluation.worker: its own Ray actor)
+        rundir.sinks = make_sinks(cfg, rundir.path, progress.message)
+        evaluator = start_ray_evaluator(cfg, rundir.eval_result)
 
         def on_step(record: dict[str, Any]) -> None:
             progress.step(record)
@@ -110,12 +116,17 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         orch = Orchestrator(cfg, devices, clock, task, rundir, on_step=on_step,
                             fail_op=fail_or_kill, checkpoints=checkpoints,
                             resume_from=resume_from, faults=pool,
-                            injector=injector if cfg.faults.kill else None)
+                            injector=injector if cfg.faults.kill else None,
+                            evaluator=evaluator)
         progress.status("building models and process groups…")
         summary = asyncio.run(orch.run())
         progress.close()
         summary.update(nodes=pool.num_nodes,
                        device_nodes=[pool.node_of[i] for i in range(pool.num_devices)])
+        if evaluator is not None and evaluator.results:  # first and last held-out accuracy
+            evals = [evaluator.results[v] for v in sorted(evaluator.results)]
+            summary.update(eval_accuracy_first=evals[0]["eval_accuracy"],
+                           eval_accuracy_last=evals[-1]["eval_accuracy"])
         if injector.fired or orch.recovery.records:
             summary.update(num_faults=len(orch.recovery.records),
                            faults=orch.recovery.records,
@@ -125,6 +136,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
             _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")
         return summary
     finally:
+        stop_ray_evaluator(evaluator)
         rundir.close()
         if own_pool and pool is not None:
             pool.shutdown()

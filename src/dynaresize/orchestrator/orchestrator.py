@@ -52,6 +52,7 @@ from typing import Any
 from dynaresize.allocation import Allocation
 from dynaresize.config import Config
 from dynaresize.controller import Controller
+from dynaresize.evaluation.evaluator import Evaluator
 from dynaresize.faults import FaultInjector
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
@@ -94,7 +95,8 @@ class Orchestrator:
                  checkpoints: CheckpointTarget | None = None,
                  resume_from: tuple[Any, Any] | None = None,
                  faults: DeviceFaults | None = None, injector: FaultInjector | None = None,
-                 allocation: Any = None, switch: RoleSwitch | None = None) -> None:
+                 allocation: Any = None, switch: RoleSwitch | None = None,
+                 evaluator: Evaluator | None = None) -> None:
         if len(devices) != cfg.num_devices:
             raise ValueError(f"config wants {cfg.num_devices} devices, got {len(devices)}")
         self.cfg, self.clock, self.rundir = cfg, clock, rundir
@@ -136,7 +138,8 @@ class Orchestrator:
                                StreamTrainer(clock, rundir, boundary, state, board.changed,
                                              injector),
                                self.resizer, self.recovery, self.checkpointer, clock, rundir,
-                               on_step or (lambda record: None), self.streaming, switch)
+                               on_step or (lambda record: None), self.streaming, switch,
+                               evaluator)
 
     async def run(self) -> dict[str, Any]:
         state, clock = self.state, self.clock

@@ -15,6 +15,7 @@ from typing import Any
 
 from dynaresize.config import Config
 from dynaresize.controller import StepTiming
+from dynaresize.evaluation.evaluator import Evaluator
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, NullCheckpointer
@@ -36,7 +37,7 @@ class TrainLoop:
                  resizer: Resizer, recovery: Recovery | NullRecovery,
                  checkpointer: Checkpointer | NullCheckpointer, clock: Clock, rundir: RunDir,
                  on_step: Callable[[dict[str, Any]], None], streaming: bool,
-                 switch: RoleSwitch) -> None:
+                 switch: RoleSwitch, evaluator: Evaluator | None = None) -> None:
         self.cfg = cfg
         self.state = state
         self.board = board
@@ -52,6 +53,8 @@ class TrainLoop:
         self.on_step = on_step
         self.streaming = streaming
         self.switch = switch
+        self.evaluator = evaluator
+        """Held-out evaluation (`evaluation.Evaluator`): its results join the step's record."""
 
     async def run(self) -> None:
         """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
@@ -119,5 +122,7 @@ class TrainLoop:
                 board.take_width(step, len(state.allocation.rollout)), len(trainers),
                 train_device_s, got.rollout_device_s, got.rollout_tail_device_s,
                 got.ready_profile, got.response_cv))
+            if self.evaluator is not None:
+                record.update(await self.evaluator.evaluate(step, state.versions.get))
             self.rundir.metric(record)
             self.on_step(record)

@@ -17,6 +17,10 @@ Determinism, by construction:
   imported request rebuilds bit-identical caches and logits. Cost: one forward per token per
   request, no GEMM batching. Measured, 1 CPU thread, 3M-param Qwen2, 8-token prompts: ~800
   tokens/s at running batch 1 and at 16, against ~4k tokens/s at 16 for the batched mode below.
+  `whole_prompt_prefill=True` feeds the prompt (minus its last token) in one batch-1 forward
+  instead: still independent of the batch and replayed identically by an importing engine
+  (prompt chunk, then the prefix token by token), ~6x cheaper for a 36-token prompt on a 135M
+  model; its rounding differs from the token-by-token path, so samples differ from that mode.
 * `batch_invariant=False`: one full-sequence prefill per admitted request and one left-padded
   batched forward per decode iteration (caches stay per request and are padded into a batch each
   iteration). Log-probs are still exact up to float rounding, but tokens may differ by batch.
@@ -87,7 +91,7 @@ class RolloutEngine:
 
     def __init__(self, model: torch.nn.Module, *, eos_token_id: int, device_index: int,
                  max_running: int = 32, batch_invariant: bool = True,
-                 torch_device: str = "cpu") -> None:
+                 torch_device: str = "cpu", whole_prompt_prefill: bool = False) -> None:
         """Take ownership of `model` (a transformers causal LM accepting `cache=`): it is moved to
         `torch_device`, put in eval mode and frozen. `device_index` is stamped on completions."""
         if max_running < 1:
@@ -101,6 +105,7 @@ class RolloutEngine:
         self.device_index = device_index
         self.max_running = max_running
         self.batch_invariant = batch_invariant
+        self.whole_prompt_prefill = whole_prompt_prefill
         self.torch_device = torch.device(torch_device)
         self.version = 0
         self.stats = EngineStats()
@@ -218,7 +223,11 @@ class RolloutEngine:
                        next_input=context[-1], generated=list(item.generated),
                        logprobs=list(item.logprobs))
         if self.batch_invariant:
-            for token in context[:-1]:
+            rest = context[:-1]
+            if self.whole_prompt_prefill and len(spec.prompt_tokens) > 2:
+                self._forward(req.cache, list(spec.prompt_tokens[:-1]))
+                rest = context[len(spec.prompt_tokens) - 1:-1]
+            for token in rest:
                 self._forward(req.cache, [token])
         elif len(context) > 1:
             self._forward(req.cache, context[:-1])

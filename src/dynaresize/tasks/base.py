@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from dynaresize.tasks.tokenizer import CharTokenizer
 
@@ -27,6 +27,8 @@ class Prompt:
     """Prompt token ids, BOS first."""
     answer: str
     """The reference answer (text, without EOS)."""
+    meta: Any = field(default=None, compare=False, hash=False, repr=False)
+    """Task data the reward needs besides the answer (e.g. a reasoning-gym entry)."""
 
 
 @runtime_checkable
