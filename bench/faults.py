@@ -36,7 +36,7 @@ FAULTS = [
 def audit(out: Path, reference: dict[tuple[int, int, int], tuple[int, str]], cfg: Any
           ) -> dict[str, int]:
     """Missing, duplicated, wrong-version and changed samples against the expected set."""
-    from dynaresize.rundir import read_jsonl
+    from dynaresize.core.rundir import read_jsonl
 
     records = read_jsonl(out / "samples.jsonl") if (out / "samples.jsonl").exists() else []
     keys = [(s["step"], s["prompt"], s["sample"]) for s in records]
@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="keep the run directories here")
     args = parser.parse_args(argv)
 
+    from dynaresize.app.runner import run_training
     from dynaresize.config import load_config
+    from dynaresize.core.rundir import read_jsonl
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
-    from dynaresize.rundir import read_jsonl
-    from dynaresize.runner import run_training
 
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-faults-"))
     started = ensure_ray(num_cpus=4)

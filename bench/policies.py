@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 from dynaresize.sim.run import simulate
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"

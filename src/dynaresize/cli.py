@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dynaresize.config import Config, ConfigError, load_config, to_toml
-from dynaresize.policies import check_policy
+from dynaresize.control.registry import check_policy
 
 EXIT_USAGE = 2
 
@@ -26,7 +26,7 @@ def _default_out(kind: str) -> str:
 
 def _resume_config(args: argparse.Namespace) -> Config:
     """The run's own config.toml plus `--set` overrides; refuse what a resume cannot change."""
-    from dynaresize.checkpoint import read_latest, resume_overrides_ok
+    from dynaresize.orchestrator.checkpoint_files import read_latest, resume_overrides_ok
 
     if args.config or args.out:
         raise UsageError("--resume DIR continues DIR with its own config.toml; "
@@ -70,7 +70,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(to_toml(cfg), end="")
         return 0
     out = args.resume or args.out or _default_out("train")
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     summary = run_training(cfg, out, resume=bool(args.resume))
     print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
@@ -131,7 +131,7 @@ def _load_extra_commands() -> None:
         return
     import importlib
 
-    for name in ("dynaresize.sim.cli", "dynaresize.report", "dynaresize.bench"):
+    for name in ("dynaresize.sim.cli", "dynaresize.app.report", "dynaresize.app.bench"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

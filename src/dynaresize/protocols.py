@@ -26,7 +26,7 @@ import asyncio
 import time
 from typing import Any, Protocol, runtime_checkable
 
-from dynaresize.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 
 
 @runtime_checkable
@@ -105,7 +105,7 @@ class TrainOps(DeviceSlot, Protocol):
     async def train_accumulate(self, step: int,
                                micro_batches: list[tuple[int, list[TrainSample]]]) -> None:
         """Local: compute and hold the gradients of these (index, micro-batch) pairs of
-        `step` (streaming, `dynaresize.stream`); held gradients survive training-group
+        `step` (streaming, `dynaresize.core.stream`); held gradients survive training-group
         changes and are dropped when the device leaves training."""
         ...
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 
 
 def sample_view(path: Path) -> dict[tuple[int, int, int], tuple[int, str, int]]:

@@ -13,7 +13,7 @@ import pytest
 from run_views import sample_view
 from test_hysteresis_live import run
 
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 
 pytestmark = pytest.mark.ray
 

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.ray
 
 
 def test_bench_resize_tiny(ray_cluster: None) -> None:
-    from dynaresize.bench import format_table
-    from dynaresize.benchmarks.resize_latency import run_resize_bench
+    from dynaresize.app.bench import format_table
+    from dynaresize.app.benchmarks.resize_latency import run_resize_bench
 
     lines: list[str] = []
     # one naive move keeps it short (each naive resize starts fresh processes)

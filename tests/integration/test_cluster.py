@@ -20,7 +20,7 @@ import pytest
 from run_views import sample_view
 from test_loopback import LOOPBACK, descendants, listeners, socket_inodes
 
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 
 pytestmark = pytest.mark.cluster
 

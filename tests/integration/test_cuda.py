@@ -13,7 +13,7 @@ import pytest
 from run_views import sample_view
 
 from dynaresize.config import load_config
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 
 pytestmark = [pytest.mark.gpu, pytest.mark.ray]
 
@@ -35,7 +35,7 @@ def base() -> list[str]:
 
 
 def train(out: Path, *overrides: str) -> dict:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     return run_training(load_config(None, [*base(), *overrides]), out)
 

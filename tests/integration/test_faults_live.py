@@ -13,7 +13,7 @@ import pytest
 from run_views import max_param_diff, sample_view
 
 from dynaresize.config import load_config
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 
 pytestmark = pytest.mark.ray
 
@@ -23,7 +23,7 @@ BASE = ["run.steps=3", "run.staleness=1", "task.prompts_per_step=4", "controller
 
 
 def run(pool: Any, out: Path, *overrides: str) -> dict[str, Any]:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     cfg = load_config(None, [*BASE, *overrides], check_machine=False)
     return run_training(cfg, out, pool=pool(cfg.num_devices))

@@ -11,7 +11,7 @@ import pytest
 from run_views import sample_view
 
 from dynaresize.config import load_config
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 
 pytestmark = pytest.mark.ray
 
@@ -22,7 +22,7 @@ SMALL = ["run.steps=6", "run.staleness=0", "task.prompts_per_step=8",
 
 
 def run(pool: Any, out: Path, *overrides: str) -> dict[str, Any]:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     cfg = load_config(None, [*SMALL, *overrides])
     return run_training(cfg, out, pool=pool(cfg.num_devices))

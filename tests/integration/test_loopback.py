@@ -72,7 +72,7 @@ def listeners() -> dict[str, str]:
 
 
 def test_every_project_listener_is_loopback(device_pool: Any, tmp_path: Path) -> None:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     pool = device_pool(4)
     cfg = load_config(None, ["run.steps=1", "task.prompts_per_step=2",

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from dynaresize.config import load_config
-from dynaresize.rundir import EVENT_KEYS, METRIC_KEYS, SAMPLE_KEYS, SUMMARY_KEYS, read_jsonl
-from dynaresize.types import tokens_sha256
+from dynaresize.core.rundir import EVENT_KEYS, METRIC_KEYS, SAMPLE_KEYS, SUMMARY_KEYS, read_jsonl
+from dynaresize.core.types import tokens_sha256
 
 pytestmark = pytest.mark.ray
 
@@ -25,7 +25,7 @@ SMALL = ["run.steps=3", "task.prompts_per_step=4", "task.samples_per_prompt=4",
 
 
 def run(pool: Any, out: Path, *overrides: str) -> dict[str, Any]:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     cfg = load_config(None, [*SMALL, *overrides])
     return run_training(cfg, out, pool=pool(cfg.num_devices))

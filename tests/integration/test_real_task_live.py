@@ -17,7 +17,7 @@ from run_views import sample_view  # noqa: E402
 from tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
 
 from dynaresize.config import load_config  # noqa: E402
-from dynaresize.rundir import read_jsonl  # noqa: E402
+from dynaresize.core.rundir import read_jsonl  # noqa: E402
 
 pytestmark = pytest.mark.ray
 pytest.importorskip("reasoning_gym")
@@ -43,7 +43,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(pool: Any, out: Path, checkpoint: Path, *overrides: str) -> dict[str, Any]:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     cfg = load_config(None, [*BASE, f"model.path='{checkpoint}'", *overrides])
     return run_training(cfg, out, pool=pool(cfg.num_devices))
@@ -71,5 +71,5 @@ def test_resized_run_writes_the_static_runs_samples(device_pool: Any, checkpoint
     assert "eval_accuracy_last" in summary
     if importlib.util.find_spec("tensorboard") is not None:
         assert list(static.glob("events.out.tfevents.*"))
-    report_text = __import__("dynaresize.report", fromlist=["report"]).report(static)
+    report_text = __import__("dynaresize.app.report", fromlist=["report"]).report(static)
     assert "held-out accuracy" in report_text and (static / "eval.png").is_file()

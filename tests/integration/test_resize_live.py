@@ -10,7 +10,7 @@ import pytest
 from run_views import max_param_diff, sample_view
 
 from dynaresize.config import load_config
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 
 pytestmark = pytest.mark.ray
 
@@ -26,7 +26,7 @@ SCHEDULE = ("resize.schedule=["
 
 
 def run(pool: Any, out: Path, *overrides: str, **kwargs: Any) -> dict[str, Any]:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     cfg = load_config(None, [*BASE, *overrides])
     return run_training(cfg, out, pool=pool(cfg.num_devices), **kwargs)
@@ -68,7 +68,7 @@ def test_forced_schedule_is_invisible_in_samples_and_weights(
 
 def test_failed_resize_rolls_back_and_loses_nothing(
         device_pool: Any, static_run: Path, tmp_path: Path) -> None:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     cfg = load_config(None, [*BASE, SCHEDULE])
     # resize 0 fails in reshard (rolled back: 2R/2T stays), so entry 1 (train->rollout x2)

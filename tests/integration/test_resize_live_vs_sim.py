@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from dynaresize.config import load_config
-from dynaresize.rundir import read_jsonl
-from dynaresize.timeline import allocation_sequence, resize_sequence
+from dynaresize.core.rundir import read_jsonl
+from dynaresize.core.timeline import allocation_sequence, resize_sequence
 
 pytestmark = pytest.mark.ray
 
@@ -28,7 +28,7 @@ def _sim_half() -> ModuleType:
 
 
 def test_live_and_sim_resize_sequences_match(device_pool: Any, tmp_path: Path) -> None:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     half = _sim_half()
     cfg = load_config(None, [*half.BASE, half.SCHEDULE])

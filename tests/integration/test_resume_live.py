@@ -12,7 +12,7 @@ import pytest
 from run_views import max_param_diff, sample_view
 
 from dynaresize.config import load_config
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 
 pytestmark = pytest.mark.ray
 
@@ -26,8 +26,8 @@ BASE = ["run.steps=4", "run.staleness=1", "task.prompts_per_step=4", "controller
 
 
 def test_stop_and_resume_with_more_train_devices(device_pool: Any, tmp_path: Path) -> None:
-    from dynaresize.checkpoint import read_latest
-    from dynaresize.runner import RunStopped, run_training
+    from dynaresize.app.runner import RunStopped, run_training
+    from dynaresize.orchestrator.checkpoint_files import read_latest
 
     pool = device_pool(4)
     full = tmp_path / "full"

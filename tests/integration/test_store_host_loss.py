@@ -22,7 +22,7 @@ BASE = ["run.steps=3", "run.staleness=1", "task.prompts_per_step=4", "task.sampl
 
 
 def run(device_pool: Any, out: Path, *overrides: str) -> dict[str, Any]:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     cfg = load_config(None, [*BASE, *overrides], check_machine=False)
     return run_training(cfg, out, pool=device_pool(cfg.num_devices))

@@ -2,7 +2,7 @@
 BITWISE the same parameters after 3 steps on 1, 2 and 3 training ranks (LPT assigns other
 micro-batches to other ranks on each), and when the same micro-batches are streamed
 (`accumulate` with their sparse slot indices, in another assignment, then `finish` over the
-slot space, as `dynaresize.stream` does with a token budget).
+slot space, as `dynaresize.core.stream` does with a token budget).
 
 One spawned 3-rank gloo world (file store, one torch thread per process), groups {0,1,2},
 {1,2}, {0} and {0,1}; every run starts from the same version-0 model.

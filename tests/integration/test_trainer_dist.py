@@ -22,7 +22,7 @@ import torch.distributed as dist
 from gloo_jobs import file_store, init_gloo, run_jobs
 
 from dynaresize.config import TrainConfig
-from dynaresize.types import TrainSample
+from dynaresize.core.types import TrainSample
 
 NUM_PROMPTS, GROUP_SIZE, NUM_STEPS = 4, 4, 4
 CONFIG = TrainConfig(lr=3e-3, micro_batch_size=2, clip_eps=0.2, kl_coef=0.05, max_grad_norm=1.0,

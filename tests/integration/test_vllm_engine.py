@@ -15,8 +15,8 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from dynaresize.config import load_config  # noqa: E402
+from dynaresize.core.types import RequestSpec, request_seed  # noqa: E402
 from dynaresize.models import build_model  # noqa: E402
-from dynaresize.types import RequestSpec, request_seed  # noqa: E402
 
 VOCAB, EOS = 64, 1
 

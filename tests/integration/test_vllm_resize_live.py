@@ -17,7 +17,7 @@ pytest.importorskip("vllm")
 from run_views import max_param_diff, sample_view  # noqa: E402
 
 from dynaresize.config import load_config  # noqa: E402
-from dynaresize.rundir import read_jsonl  # noqa: E402
+from dynaresize.core.rundir import read_jsonl  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -33,7 +33,7 @@ SCHEDULE = ("resize.schedule=["
 
 
 def run(pool: Any, out: Path, *overrides: str) -> dict[str, Any]:
-    from dynaresize.runner import run_training
+    from dynaresize.app.runner import run_training
 
     cfg = load_config(None, [*BASE, *overrides])
     return run_training(cfg, out, pool=pool(cfg.num_devices))

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from dynaresize.core.types import TrainSample
 from dynaresize.train.balance import (
     IndexedMicroBatch,
     balanced_plan,
@@ -16,7 +17,6 @@ from dynaresize.train.balance import (
     token_micro_batches,
 )
 from dynaresize.train.batching import make_micro_batches, plan_step
-from dynaresize.types import TrainSample
 
 GROUP = 4
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dynaresize.core.types import TrainSample
 from dynaresize.train.batching import (
     deal,
     global_num_tokens,
@@ -12,7 +13,6 @@ from dynaresize.train.batching import (
     pack,
     plan_step,
 )
-from dynaresize.types import TrainSample
 
 
 def sample(prompt: int, index: int, num_prompt: int = 2, num_response: int = 3,

@@ -116,7 +116,7 @@ def test_policy_tables_nest_and_round_trip_through_toml(tmp_path: Path) -> None:
 
 
 def test_the_policy_registry_builds_each_name_and_refuses_others() -> None:
-    from dynaresize.policies import POLICIES, check_policy, make_controller
+    from dynaresize.control.registry import POLICIES, check_policy, make_controller
 
     assert set(POLICIES) == {"hysteresis", "static", "fixed", "borrow"}
     for name in POLICIES:

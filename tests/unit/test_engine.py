@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec, request_seed
 from dynaresize.rollout.engine import RolloutEngine
-from dynaresize.types import Completion, InflightRequest, RequestSpec, request_seed
 
 torch.set_num_threads(1)
 

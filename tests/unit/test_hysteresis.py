@@ -6,10 +6,10 @@ from collections import deque
 
 import pytest
 
-from dynaresize.allocation import Allocation
-from dynaresize.controller import RunView, StepTiming
-from dynaresize.hysteresis import HysteresisController, HysteresisParams
-from dynaresize.rollout_width import width_slope
+from dynaresize.control.base import RunView, StepTiming
+from dynaresize.control.hysteresis.controller import HysteresisController, HysteresisParams
+from dynaresize.control.rollout_width import width_slope
+from dynaresize.core.allocation import Allocation
 
 
 def view(step: int, alloc: Allocation, history: list[StepTiming], staleness: int = 1,
@@ -264,7 +264,7 @@ def test_the_training_streamed_during_the_rollout_follows_when_its_work_is_ready
     steadily through the rollout (short, even lengths) keeps them busy, so no lending is
     needed; work ready only at the end (long-tailed groups) leaves it for after the rollout,
     where lending every engine but one pays."""
-    from dynaresize.hysteresis_model import streamed_dev_s as _streamed_dev_s
+    from dynaresize.control.hysteresis.model import streamed_dev_s as _streamed_dev_s
 
     steady = tuple((i + 1) / 10 for i in range(10))
     late = (0.0,) * 8 + (0.3, 1.0)

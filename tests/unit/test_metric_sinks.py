@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from dynaresize.app.metric_sinks import make_sinks, scalars
+from dynaresize.app.progress import Progress
 from dynaresize.config import Config
-from dynaresize.metric_sinks import make_sinks, scalars
-from dynaresize.progress import Progress
-from dynaresize.rundir import RunDir
+from dynaresize.core.rundir import RunDir
 
 RECORD = {"step": 3, "reward_mean": 0.5, "rollout_s": 1.0, "train_s": 2.0, "step_s": 3.0,
           "num_rollout_devices": 2, "num_train_devices": 2, "num_resizes": 0, "tokens": 10,
@@ -50,7 +50,7 @@ def test_sinks_off_or_without_a_directory(tmp_path: Path) -> None:
 
 def test_wandb_missing_is_a_notice_not_a_crash(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    import dynaresize.metric_sinks as sinks
+    import dynaresize.app.metric_sinks as sinks
 
     cfg = Config()
     cfg.output.tensorboard = False

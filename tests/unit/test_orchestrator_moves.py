@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dynaresize.controller import Move, RunView
+from dynaresize.control.base import Move, RunView
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.sim.costs import get_cost_model
@@ -65,7 +65,7 @@ def test_device_stopped_between_steps_gets_no_rollout_work() -> None:
     rollout->train move decided at a step start took the optimizer-step boundary before the
     step's rollout existed; the device was still handed that rollout's requests and, once a
     trainer, finished one with the next version. Every sample must keep its version."""
-    from dynaresize.hysteresis import HysteresisController, HysteresisParams
+    from dynaresize.control.hysteresis.controller import HysteresisController, HysteresisParams
 
     workload = get_workload("drift", seed=0, requests_per_step=2048)
     costs = get_cost_model("h100-7b")

@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
+from dynaresize.core.samples import assemble_step
+from dynaresize.core.stream import Holdings, StepStream
+from dynaresize.core.types import Completion, RequestSpec
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
-from dynaresize.samples import assemble_step
-from dynaresize.stream import Holdings, StepStream
-from dynaresize.types import Completion, RequestSpec
 
 
 def _completion(prompt: int, sample: int, length: int = 3) -> Completion:

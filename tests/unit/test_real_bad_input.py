@@ -17,12 +17,12 @@ from dynaresize.cli import EXIT_USAGE, main  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def no_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dynaresize.runner
+    import dynaresize.app.runner
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a device pool was started")
 
-    monkeypatch.setattr(dynaresize.runner, "run_training", refuse)
+    monkeypatch.setattr(dynaresize.app.runner, "run_training", refuse)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dynaresize.report import plot_timeline
+from dynaresize.app.report import plot_timeline
 
 
 def test_timeline_draws_checkpoint_recovery_and_fault_events(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dynaresize.allocation import Allocation
+from dynaresize.core.allocation import Allocation
+from dynaresize.core.types import Role
 from dynaresize.resize.planner import (
     GROUP,
     choose_devices,
@@ -12,7 +13,6 @@ from dynaresize.resize.planner import (
     plan_resize,
     target_allocation,
 )
-from dynaresize.types import Role
 
 
 def test_rollout_to_train_ops_and_dependencies() -> None:

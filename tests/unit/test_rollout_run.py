@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.protocols import RealClock
 from dynaresize.rollout.scheduler import RolloutRun
-from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 
 class FakeEngine:

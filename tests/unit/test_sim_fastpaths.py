@@ -10,18 +10,18 @@ import random
 
 import pytest
 
-from dynaresize.borrow import BorrowController
-from dynaresize.policies import POLICIES
+from dynaresize.control.borrow import BorrowController
+from dynaresize.control.registry import POLICIES
+from dynaresize.core.rundir import RunDir
+from dynaresize.core.samples import Records, _sha, assemble_step
+from dynaresize.core.types import Completion, RequestSpec, tokens_sha256
 from dynaresize.rollout import scheduler
 from dynaresize.rollout.scheduler import RolloutRun, _Slot
-from dynaresize.rundir import RunDir
-from dynaresize.samples import Records, _sha, assemble_step
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.device import SimCompletion, make_devices
 from dynaresize.sim.run import simulate
 from dynaresize.sim.workloads import get_workload
-from dynaresize.types import Completion, RequestSpec, tokens_sha256
 
 
 class _Dev:

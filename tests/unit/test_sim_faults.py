@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dynaresize.config import Config
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import SimRun, run_config, sim_config
 from dynaresize.sim.workloads import get_workload

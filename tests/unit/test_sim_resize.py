@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from dynaresize.config import Config, load_config
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
+from dynaresize.core.timeline import allocation_sequence, resize_sequence
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import get_cost_model, reshard_bytes
 from dynaresize.sim.device import SimDevice
 from dynaresize.sim.harness import run_config, workload_for_config
 from dynaresize.sim.workloads import get_workload
-from dynaresize.timeline import allocation_sequence, resize_sequence
 
 # the live test's config and forced schedule (tests/integration/test_resize_live.py)
 BASE = ["run.steps=4", "run.staleness=1", "task.prompts_per_step=4", "task.samples_per_prompt=4",
@@ -110,7 +110,7 @@ def test_sim_device_release_kv_refuses_busy_engine() -> None:
     clock = VirtualClock()
     wl = get_workload("balanced", prompts_per_step=1, samples_per_prompt=2)
     dev = SimDevice(0, costs, wl, clock)
-    from dynaresize.types import RequestSpec
+    from dynaresize.core.types import RequestSpec
 
     async def go() -> None:
         await dev.submit([RequestSpec(0, 0, 0, 0, (5,), 100, 1)])

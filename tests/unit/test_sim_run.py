@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dynaresize import policies as registry
-from dynaresize.rundir import read_jsonl
+from dynaresize.control import registry as registry
+from dynaresize.core.rundir import read_jsonl
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.oracle import oracle_steps
 from dynaresize.sim.run import load_policies, simulate
@@ -76,7 +76,7 @@ def test_unknown_policy_names_the_allowed_ones() -> None:
 
 def test_any_registered_policy_runs_through_the_orchestrator() -> None:
     """The hook for `hysteresis` and others: register a controller, simulate it by name."""
-    from dynaresize.controller import Move, RunView
+    from dynaresize.control.base import Move, RunView
 
     class GrowTrainOnce:
         def __init__(self) -> None:
@@ -117,7 +117,7 @@ def test_bad_arguments(kwargs: dict, match: str) -> None:
 
 
 def test_idle_device_seconds_per_step_is_the_bubble_in_device_seconds() -> None:
-    from dynaresize.timeline import idle_device_s_per_step
+    from dynaresize.core.timeline import idle_device_s_per_step
 
     events = [{"device": d, "t_start": 0.0, "t_end": 1.0} for d in (0, 3, 1)]
     summary = {"bubble_fraction": 0.25, "wall_s": 100.0}

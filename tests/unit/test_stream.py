@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from dynaresize.samples import assemble_step
-from dynaresize.stream import Holdings, StepStream
+from dynaresize.core.samples import assemble_step
+from dynaresize.core.stream import Holdings, StepStream
+from dynaresize.core.types import Completion, RequestSpec
 from dynaresize.train.batching import make_micro_batches
-from dynaresize.types import Completion, RequestSpec
 
 
 def _completion(step: int, prompt: int, sample: int, version: int = 0,

@@ -201,7 +201,7 @@ class BorrowConfig:
 
 @dataclass
 class ControllerConfig:
-    policy: str = _doc("Allocation policy (dynaresize.policies): 'hysteresis' (balance the "
+    policy: str = _doc("Allocation policy (dynaresize.control.registry): 'hysteresis' (balance the "
                        "stages at runtime: split between steps, tail release, streaming "
                        "training), 'static' (fixed split, plus any forced [[resize.schedule]]), "
                        "'fixed' (a fixed split with streaming training and pipelined "

@@ -11,11 +11,11 @@ import os
 import signal
 from typing import Any
 
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 from dynaresize.devices.actor import DeviceActor
 from dynaresize.devices.cluster import NodeInfo, dead_nodes, ensure_ray, this_node
 from dynaresize.devices.network import base_env, is_loopback
 from dynaresize.devices.placement import device_bundle, place_devices
-from dynaresize.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 
 __all__ = ["DevicePool", "RayDevice", "ensure_ray"]
 

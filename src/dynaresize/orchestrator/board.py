@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import TypeVar
 
-from dynaresize.samples import StepSamples
-from dynaresize.stream import Holdings, StepStream
+from dynaresize.core.samples import StepSamples
+from dynaresize.core.stream import Holdings, StepStream
 
 T = TypeVar("T")
 

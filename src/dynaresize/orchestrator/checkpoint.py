@@ -1,5 +1,6 @@
 """The checkpointer: saves at the optimizer-step boundary and restores on resume (the files
-and their format: `dynaresize.checkpoint`). `NullCheckpointer` when checkpoints are off."""
+and their format: `dynaresize.orchestrator.checkpoint_files`). `NullCheckpointer` when
+checkpoints are off."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dynaresize.checkpoint import CKPT_DIR, LATEST, STATE_FILE, CheckpointState, checkpoint_dir
 from dynaresize.config import Config
+from dynaresize.core.rundir import RunDir
+from dynaresize.orchestrator.checkpoint_files import (
+    CKPT_DIR,
+    LATEST,
+    STATE_FILE,
+    CheckpointState,
+    checkpoint_dir,
+)
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock
-from dynaresize.rundir import RunDir
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from dynaresize.core.rundir import RunDir
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.rollout.scheduler import RolloutRun
-from dynaresize.rundir import RunDir
 
 
 class EnginePool:

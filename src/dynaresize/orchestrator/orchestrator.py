@@ -23,7 +23,7 @@
   k - s. It posts the step's completed, rewarded samples on the `StepBoard` (streaming: its
   micro-batches as their groups complete).
 - **TrainLoop** (`train_loop`) consumes a step's samples from the board once every group is
-  complete, or, streaming (`dynaresize.stream`), its micro-batches as their groups complete;
+  complete, or, streaming (`dynaresize.core.stream`), its micro-batches as their groups complete;
   waits for the train lock (`OptimizerBoundary`), which a resize may hold; is unblocked by the
   rollout loop posting samples and by a resize releasing the lock. Publishing version k + 1
   unblocks the rollout of step k + 1 + s.
@@ -49,16 +49,18 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dynaresize.allocation import Allocation
 from dynaresize.config import Config
-from dynaresize.controller import Controller
+from dynaresize.control.base import Controller
+from dynaresize.control.registry import make_controller
+from dynaresize.core.allocation import Allocation
+from dynaresize.core.rundir import RunDir
 from dynaresize.evaluation.evaluator import Evaluator
-from dynaresize.faults import FaultInjector
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, CheckpointTarget, NullCheckpointer
 from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.faults import FaultInjector
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.recovery import DeviceFaults, NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
@@ -70,11 +72,9 @@ from dynaresize.orchestrator.summary import run_summary
 from dynaresize.orchestrator.switch import NoSwitch, RoleSwitch
 from dynaresize.orchestrator.train_loop import TrainLoop
 from dynaresize.orchestrator.view import RunViews
-from dynaresize.policies import make_controller
 from dynaresize.protocols import Clock, Device
 from dynaresize.resize.executor import ResizeExecutor
 from dynaresize.resize.planner import Op
-from dynaresize.rundir import RunDir
 
 
 class Orchestrator:
@@ -123,7 +123,7 @@ class Orchestrator:
         controller = controller or make_controller(cfg)
         self.streaming = bool(getattr(controller, "streams_training", False)
                               and cfg.controller.stream_training and cfg.train.exact_reduction)
-        """Training streams over completed groups (`dynaresize.stream`)."""
+        """Training streams over completed groups (`dynaresize.core.stream`)."""
         self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
                               and cfg.controller.pipeline_rollouts and injector is None)
         """Step k + 1's rollout starts on the engines step k's tail has emptied."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from dynaresize.faults import FaultInjector
+from dynaresize.core.samples import StepSamples
+from dynaresize.orchestrator.faults import FaultInjector
 from dynaresize.protocols import Clock, Device
-from dynaresize.samples import StepSamples
 from dynaresize.train.batching import global_num_tokens, plan_step
 
 

@@ -35,12 +35,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from dynaresize.core.rundir import RunDir
 from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock
 from dynaresize.resize.executor import ResizeExecutor
-from dynaresize.rundir import RunDir
 
 
 class DeviceFaults(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dynaresize.controller import Move
+from dynaresize.control.base import Move
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.orchestrator.recovery import NullRecovery, Recovery

@@ -24,11 +24,15 @@ import asyncio
 from typing import Any
 
 from dynaresize.config import Config
-from dynaresize.controller import Controller
-from dynaresize.faults import FaultInjector
+from dynaresize.control.base import Controller
+from dynaresize.core.rundir import RunDir
+from dynaresize.core.samples import assemble_step
+from dynaresize.core.stream import StepStream
+from dynaresize.core.types import Completion, RequestSpec, request_seed
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.faults import FaultInjector
 from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.source import PromptSource
@@ -37,10 +41,6 @@ from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.orchestrator.view import RunViews
 from dynaresize.protocols import Clock, Device
 from dynaresize.rollout.scheduler import RolloutRun
-from dynaresize.rundir import RunDir
-from dynaresize.samples import assemble_step
-from dynaresize.stream import StepStream
-from dynaresize.types import Completion, RequestSpec, request_seed
 
 
 class RolloutLoop:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from dynaresize.allocation import Allocation
-from dynaresize.controller import StepTiming
+from dynaresize.control.base import StepTiming
+from dynaresize.core.allocation import Allocation
+from dynaresize.core.types import Role
 from dynaresize.protocols import Device, WeightHandle
-from dynaresize.types import Role
 
 
 class VersionStore:

@@ -1,4 +1,4 @@
-"""The train loop's streaming path (see `dynaresize.stream`): `StreamTrainer`.
+"""The train loop's streaming path (see `dynaresize.core.stream`): `StreamTrainer`.
 
 `accumulate(step, stream, holdings)` runs sessions: take the train lock; every training
 device pulls the next ready, not yet held micro-batch whenever it is free and accumulates it
@@ -21,12 +21,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from dynaresize.faults import FaultInjector
+from dynaresize.core.rundir import RunDir
+from dynaresize.core.stream import Holdings, StepStream
 from dynaresize.orchestrator.boundary import OptimizerBoundary
+from dynaresize.orchestrator.faults import FaultInjector
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device
-from dynaresize.rundir import RunDir
-from dynaresize.stream import Holdings, StepStream
 
 
 class TrainRate:

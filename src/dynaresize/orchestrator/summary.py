@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from dynaresize.core.rundir import RunDir
+from dynaresize.core.timeline import bubble_fraction
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock
-from dynaresize.rundir import RunDir
-from dynaresize.timeline import bubble_fraction
 
 
 async def run_summary(state: RunState, resizer: Resizer, clock: Clock, rundir: RunDir,

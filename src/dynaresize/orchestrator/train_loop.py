@@ -14,7 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from dynaresize.config import Config
-from dynaresize.controller import StepTiming
+from dynaresize.control.base import StepTiming
+from dynaresize.core.rundir import RunDir
+from dynaresize.core.stream import Holdings
 from dynaresize.evaluation.evaluator import Evaluator
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
@@ -26,8 +28,6 @@ from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.streaming import StreamTrainer
 from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.protocols import Clock
-from dynaresize.rundir import RunDir
-from dynaresize.stream import Holdings
 from dynaresize.train.batching import global_num_tokens
 
 

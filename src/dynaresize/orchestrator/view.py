@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dynaresize.controller import RunView
+from dynaresize.control.base import RunView
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.engines import EnginePool

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dynaresize.core.rundir import RunDir
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.resize.planner import GROUP, Op, ResizePlan, critical_path_s, group_ready_s
-from dynaresize.rundir import RunDir
 
 
 class ResizeHooks(Protocol):

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynaresize.allocation import Allocation
-from dynaresize.types import Role
+from dynaresize.core.allocation import Allocation
+from dynaresize.core.types import Role
 
 GROUP = -1
 """`Op.device` of an op that involves a whole group rather than one device."""

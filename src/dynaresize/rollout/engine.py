@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from dynaresize.types import Completion, InflightRequest, RequestSpec
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 
 
 @dataclass

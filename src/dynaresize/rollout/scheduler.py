@@ -27,9 +27,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.protocols import Clock, Device
 from dynaresize.rollout.handoff import HandOff
-from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 Work = RequestSpec | InflightRequest
 DRAIN_SLICES = 100

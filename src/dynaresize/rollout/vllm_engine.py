@@ -37,9 +37,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.rollout.engine import EngineStats
 from dynaresize.rollout.vllm_world import model_dir, private_world
-from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # several devices share the cores

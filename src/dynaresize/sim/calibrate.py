@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dynaresize.config import Config, ConfigError, load_config
-from dynaresize.rundir import read_jsonl
+from dynaresize.core.rundir import read_jsonl
 from dynaresize.sim.costs import CostModel, GpuSpec, ModelSpec, ResizeCosts
 from dynaresize.sim.workloads import StepRequests, TraceWorkload
 

@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from dynaresize.config import Config, to_toml
-from dynaresize.controller import ScheduleController
+from dynaresize.control.base import ScheduleController
+from dynaresize.core.rundir import RunDir
+from dynaresize.core.types import Role
 from dynaresize.orchestrator import Orchestrator
 from dynaresize.protocols import Clock
-from dynaresize.rundir import RunDir
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device import make_devices
 from dynaresize.sim.harness import SimPromptSource, SimRun, no_gc
-from dynaresize.types import Role
 
 
 def switch_parts_s(costs: CostModel, num_devices: int, to_train: bool) -> float:

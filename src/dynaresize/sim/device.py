@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 from dynaresize.protocols import Clock, WeightHandle
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
@@ -33,7 +34,6 @@ from dynaresize.sim.device_types import Lengths, SimCompletion, SimInflight, sor
 from dynaresize.sim.engine import SimEngine
 from dynaresize.sim.faults import DeviceDied, SimProcesses, SimStorage, fail_waits
 from dynaresize.sim.workloads import Workload
-from dynaresize.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 
 __all__ = ["Lengths", "SimCompletion", "SimDevice", "SimInflight", "make_devices"]
 

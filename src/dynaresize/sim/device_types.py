@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.sim.workloads import Workload
-from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 
 @dataclass

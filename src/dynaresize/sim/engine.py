@@ -11,9 +11,9 @@ import itertools
 import math
 from collections import deque
 
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device_types import EngineRequest, Lengths, SimCompletion, SimInflight
-from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 
 class SimEngine:

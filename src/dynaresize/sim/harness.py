@@ -27,17 +27,17 @@ from typing import Any
 import numpy as np
 
 from dynaresize.config import Config, KillEntry, to_toml, validate
-from dynaresize.controller import Controller
-from dynaresize.faults import FaultInjector
+from dynaresize.control.base import Controller
+from dynaresize.core.rundir import RunDir
+from dynaresize.core.timeline import idle_device_s_per_step
 from dynaresize.orchestrator import Orchestrator
 from dynaresize.orchestrator.checkpoint import CheckpointTarget
-from dynaresize.rundir import RunDir
+from dynaresize.orchestrator.faults import FaultInjector
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device import make_devices
 from dynaresize.sim.faults import SimProcesses
 from dynaresize.sim.workloads import StepRequests, Workload
-from dynaresize.timeline import idle_device_s_per_step
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ Policies (`simulate(policies=...)`):
   It assumes the mean step time is unimodal in the split near the analytic optimum.
 - `oracle`: the lower bound of `oracle.py` (resizes free, clairvoyant).
 - `reference`: what users could configure by hand, non-clairvoyant: the `fixed` policy
-  (`dynaresize.fixed_split`: one split, streaming training, pipelined rollouts at staleness
+  (`dynaresize.control.fixed`: one split, streaming training, pipelined rollouts at staleness
   >= 1) at its best split, searched like `static`'s.
 - `colocated`: `colocated.py` (all devices roll out, then all train, with the switch cost).
-- any other policy of the registry (`dynaresize.policies`: `borrow`, `fixed`, `hysteresis`):
+- any other policy of the registry (`dynaresize.control.registry`: `borrow`, `fixed`, `hysteresis`):
   the orchestrator with that controller, starting from the best static split (searched once,
   shared with `static`).
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from dynaresize.policies import POLICIES
+from dynaresize.control.registry import POLICIES
 from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
 from dynaresize.sim.harness import (

@@ -7,7 +7,7 @@
   GRPO group (the samples of one prompt, by sample index) is cut greedily into consecutive
   micro-batches of at most `max_tokens` tokens (prompt + response; a longer sample is a
   micro-batch alone). Micro-batches never span groups, so one is complete as soon as its group
-  is (streaming training, `dynaresize.stream`), and a group of long samples becomes several
+  is (streaming training, `dynaresize.core.stream`), and a group of long samples becomes several
   micro-batches that several ranks can share;
 - global indices in (prompt, position in the group) order, sparse: the j-th micro-batch of
   the p-th prompt (sorted ids) is slot p x G + j (G the group size, the most micro-batches a
@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from dynaresize.types import TrainSample
+from dynaresize.core.types import TrainSample
 
 MicroBatchList = list[TrainSample]
 

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dynaresize.core.types import TrainSample
 from dynaresize.train.balance import balanced_plan
-from dynaresize.types import TrainSample
 
 if TYPE_CHECKING:
     import torch

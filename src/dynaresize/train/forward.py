@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dynaresize.core.types import TrainSample
 from dynaresize.train.batching import MicroBatch, PackedBatch, pack
 from dynaresize.train.grpo import (
     clipped_token_count,
@@ -20,7 +21,6 @@ from dynaresize.train.grpo import (
     ppo_clip_loss_sum,
     token_logprobs,
 )
-from dynaresize.types import TrainSample
 
 STAT_KEYS = ("pg_loss_sum", "kl_sum", "tokens", "clipped_tokens")
 """Order of the float64 statistics vector `micro_batch_loss` returns."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dynaresize.advantages import group_advantages as flat_group_advantages
+from dynaresize.core.advantages import group_advantages as flat_group_advantages
 
 
 def group_advantages(rewards: Sequence[float] | torch.Tensor, group_size: int | None = None,

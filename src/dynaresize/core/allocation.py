@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from dynaresize.types import Role
+from dynaresize.core.types import Role
 
 
 @dataclass(frozen=True)

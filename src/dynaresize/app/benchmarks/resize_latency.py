@@ -63,8 +63,8 @@ def bench_model(name: str, cfg: Config, repeats: int, tmp_dir: str,
                 naive_moves: tuple[str, ...] = NAIVE_MOVES) -> dict[str, Any]:
     """Everything measured for one model (see module docstring); the naive resize only for
     `naive_moves` (each starts fresh processes: seconds on 2 cores)."""
-    from dynaresize.benchmarks.resize_naive import measure_naive
-    from dynaresize.benchmarks.resize_ours import run_sequence, save_checkpoint
+    from dynaresize.app.benchmarks.resize_naive import measure_naive
+    from dynaresize.app.benchmarks.resize_ours import run_sequence, save_checkpoint
     from dynaresize.devices.ray_device import DevicePool
 
     out: dict[str, Any] = {"name": name, "num_params": num_params(cfg),

@@ -1,7 +1,7 @@
 """`dynaresize bench resize`: resize latency, our executor against a naive restart.
 
 Arguments are parsed before torch or Ray is imported; the work is in
-`dynaresize.benchmarks.resize_latency`. Progress goes to stderr, the table (or `--json`) to
+`dynaresize.app.benchmarks.resize_latency`. Progress goes to stderr, the table (or `--json`) to
 stdout.
 """
 
@@ -66,7 +66,7 @@ def format_naive(result: dict[str, Any]) -> str:
 
 
 def cmd_bench_resize(args: argparse.Namespace) -> int:
-    from dynaresize.benchmarks.resize_latency import MODELS, NAIVE_MOVES, run_resize_bench
+    from dynaresize.app.benchmarks.resize_latency import MODELS, NAIVE_MOVES, run_resize_bench
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     from dynaresize.cli import UsageError
@@ -104,7 +104,7 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
 
     # exit 2 before any work if vLLM is missing or cannot serve the model
     load_config(None, ["model.num_heads=2", "rollout.engine='vllm'", *(args.set or ())])
-    from dynaresize.benchmarks.rollout_engines import (
+    from dynaresize.app.benchmarks.rollout_engines import (
         format_results,
         run_rollout_bench,
         write_results,

@@ -25,9 +25,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from dynaresize.samples import group_samples
+from dynaresize.core.samples import group_samples
+from dynaresize.core.types import Completion, TrainSample
 from dynaresize.train.balance import cut_group, num_slots, slot_index
-from dynaresize.types import Completion, TrainSample
 
 
 class StepStream:

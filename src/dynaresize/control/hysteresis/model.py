@@ -1,9 +1,10 @@
-"""The hysteresis controller's model of a step (see `dynaresize.hysteresis`): its parameters,
-the estimates it keeps from the run's own measurements and the step times it predicts from them.
+"""The hysteresis controller's model of a step (see `dynaresize.control.hysteresis.controller`):
+its parameters, the estimates it keeps from the run's own measurements and the step times it
+predicts from them.
 
 Pure: `StageModel.update` reads `RunView` histories, `observe_progress` the rollout's progress;
-nothing here decides a move (`dynaresize.hysteresis_split` and `dynaresize.hysteresis_lend` do,
-on this model).
+nothing here decides a move (`dynaresize.control.hysteresis.split` and
+`dynaresize.control.hysteresis.lend` do, on this model).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dynaresize.controller import RunView
-from dynaresize.rollout_width import WidthFit, spans_widths
+from dynaresize.control.base import RunView
+from dynaresize.control.rollout_width import WidthFit, spans_widths
 
 
 @dataclass
@@ -74,7 +75,8 @@ def streamed_dev_s(profile: Sequence[float], work_dev_s: float, bulk_s: float, t
 
 class StageModel:
     """Estimates of a step's stages (EMAs of the run's measurements) and the step time they
-    predict at a split (`dynaresize.hysteresis`'s docstring describes the terms)."""
+    predict at a split (`dynaresize.control.hysteresis.controller`'s docstring describes the
+    terms)."""
 
     def __init__(self, params: HysteresisParams, streams_training: bool = True) -> None:
         self.p = params
@@ -103,7 +105,7 @@ class StageModel:
         self.bulk_fit = WidthFit()
         self.roll_fit = WidthFit()
         """How the bulk's / the pipelined rollout's device-seconds grow with width
-        (`dynaresize.rollout_width`)."""
+        (`dynaresize.control.rollout_width`)."""
         self.step_requests = 0
         """Requests in the newest step seen in progress (`RunView.rollout_total`)."""
         self.widths_fitted = False
@@ -119,7 +121,7 @@ class StageModel:
         self.round_trip_measured = False
         self.lend_ok = False
         """Staleness 0: the current step lends engines at rollout end (its split was chosen
-        for lending; `dynaresize.hysteresis_lend.Lending.pays`)."""
+        for lending; `dynaresize.control.hysteresis.lend.Lending.pays`)."""
 
     # ------------------------------------------------------------------ measurements
     def update(self, view: RunView) -> None:

@@ -7,7 +7,8 @@ Estimates, from the run's own measurements (exponential moving averages):
 - rollout of a step = *bulk* + *tail*: the bulk lasts until the remaining requests would fill
   every engine only lightly (`tail_batch` each; device-seconds `bulk_dev_s` = a + b x R, R the
   width the rollout started with: `a` the work, which divides, `b` seconds every engine spends
-  whatever its share, fitted once two widths were measured, `dynaresize.rollout_width`, while
+  whatever its share, fitted once two widths were measured,
+  `dynaresize.control.rollout_width`, while
   engines hold under half their slots, `BUSY_LOAD`: busier, the bulk's growth with width is
   where its end falls, and b = 0), the tail is the rest (`tail_s`, independent of R);
 - training = `train_dev_s` device-seconds actually trained (streaming: without the waits for
@@ -22,7 +23,7 @@ Estimates, from the run's own measurements (exponential moving averages):
 - staleness 0: the measured step time with and without lending engines at rollout end.
 
 Decisions (streaming training on, `streams_training`: the orchestrator trains each step's
-micro-batches as their groups complete, see `dynaresize.stream`):
+micro-batches as their groups complete, see `dynaresize.core.stream`):
 - inter-step (`at_step_start`): the split R that minimises the predicted step time, applied
   only if it beats the current split by more than the hysteresis `band`, the expected saving
   over `horizon_steps` exceeds `cost_margin` x the resize cost, and the last change is at least
@@ -54,18 +55,18 @@ micro-batches as their groups complete, see `dynaresize.stream`):
   At staleness 1 the released tail engines measured slower than keeping them (they come back
   at the next step start, right when the next rollout needs them), so the split does it.
   (Parts, plain objects the controller is composed of: the estimates and predictions in
-  `dynaresize.hysteresis_model.StageModel`, the split choice's bookkeeping and scores in
-  `dynaresize.hysteresis_split.SplitChoice`, the staleness-0 lending decisions in
-  `dynaresize.hysteresis_lend.Lending`.)
+  `dynaresize.control.hysteresis.model.StageModel`, the split choice's bookkeeping and scores in
+  `dynaresize.control.hysteresis.split.SplitChoice`, the staleness-0 lending decisions in
+  `dynaresize.control.hysteresis.lend.Lending`.)
 """
 
 from __future__ import annotations
 
 from dynaresize.config import Config
-from dynaresize.controller import Controller, Move, RunView
-from dynaresize.hysteresis_lend import Lending
-from dynaresize.hysteresis_model import HysteresisParams, StageModel
-from dynaresize.hysteresis_split import MEASURED_FOR_STEPS, SplitChoice
+from dynaresize.control.base import Controller, Move, RunView
+from dynaresize.control.hysteresis.lend import Lending
+from dynaresize.control.hysteresis.model import HysteresisParams, StageModel
+from dynaresize.control.hysteresis.split import MEASURED_FOR_STEPS, SplitChoice
 
 __all__ = ["HysteresisController", "HysteresisParams"]
 

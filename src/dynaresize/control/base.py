@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dynaresize.allocation import Allocation
 from dynaresize.config import Config, ResizeEntry, schedule_order
+from dynaresize.core.allocation import Allocation
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class RunView:
 class Controller(Protocol):
     """Decides moves; may define `needs_progress` (bool) to let the orchestrator skip
     `on_rollout_progress` calls that cannot return anything, and `streams_training` (bool) to
-    ask for training that streams over completed groups (`dynaresize.stream`)."""
+    ask for training that streams over completed groups (`dynaresize.core.stream`)."""
 
     def at_step_start(self, view: RunView) -> list[Move]: ...
 

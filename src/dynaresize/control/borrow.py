@@ -23,7 +23,7 @@ Pure decision logic over `RunView` (no devices, clocks or I/O): it runs live and
 from __future__ import annotations
 
 from dynaresize.config import BorrowConfig, Config
-from dynaresize.controller import Move, RunView
+from dynaresize.control.base import Move, RunView
 
 
 class BorrowController:

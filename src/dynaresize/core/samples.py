@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from dynaresize.advantages import group_advantages
-from dynaresize.types import Completion, TrainSample, tokens_sha256
+from dynaresize.core.advantages import group_advantages
+from dynaresize.core.types import Completion, TrainSample, tokens_sha256
 
 
 class Records(Sequence[dict[str, Any]]):

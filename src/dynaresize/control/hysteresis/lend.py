@@ -1,4 +1,5 @@
-"""Lending at staleness 0 (a part of `HysteresisController`, see `dynaresize.hysteresis`).
+"""Lending at staleness 0 (a part of `HysteresisController`, see
+`dynaresize.control.hysteresis.controller`).
 
 With streaming training the trainers work through a step's completed groups while its rollout
 runs; the rest of the training waits for the tail. In lending mode (`StageModel.lend_ok`, chosen at
@@ -17,9 +18,9 @@ from __future__ import annotations
 
 import math
 
-from dynaresize.controller import Move, RunView
-from dynaresize.hysteresis_model import StageModel, speedup_s
-from dynaresize.hysteresis_split import SplitChoice
+from dynaresize.control.base import Move, RunView
+from dynaresize.control.hysteresis.model import StageModel, speedup_s
+from dynaresize.control.hysteresis.split import SplitChoice
 
 UNMEASURED_GAIN = 0.2
 """Lending engines at rollout end before any step was measured must promise 20 %."""

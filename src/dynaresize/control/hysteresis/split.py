@@ -1,5 +1,5 @@
 """Choosing the split from measurements (a part of `HysteresisController`, see
-`dynaresize.hysteresis`).
+`dynaresize.control.hysteresis.controller`).
 
 Each step's duration (step start to step start) is filed under the split it was planned at
 and, at staleness 0, the lending mode it ran in (`measure_step`). One split change may reach a
@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dynaresize.controller import Move, RunView
-from dynaresize.hysteresis_model import StageModel, ema
+from dynaresize.control.base import Move, RunView
+from dynaresize.control.hysteresis.model import StageModel, ema
 
 MEASURED_FOR_STEPS = 10
 """A split's measured step time guides the split choice for this many steps."""

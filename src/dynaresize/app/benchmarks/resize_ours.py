@@ -22,8 +22,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynaresize.allocation import Allocation
 from dynaresize.config import Config
+from dynaresize.core.allocation import Allocation
+from dynaresize.core.rundir import RunDir
+from dynaresize.core.types import TrainSample
 from dynaresize.protocols import Device, RealClock, WeightHandle
 from dynaresize.resize.executor import ResizeExecutor, ResizeReport
 from dynaresize.resize.planner import (
@@ -32,9 +34,7 @@ from dynaresize.resize.planner import (
     plan_resize,
     target_allocation,
 )
-from dynaresize.rundir import RunDir
 from dynaresize.train.batching import global_num_tokens, plan_step
-from dynaresize.types import TrainSample
 
 SEQUENCE_FIRST = (("rollout->train", "first"), ("train->rollout", "back"),
                   ("train->rollout", "first"), ("rollout->train", "back"))

@@ -11,7 +11,7 @@ best split (searched), the non-clairvoyant yardstick next to the `oracle` bound.
 from __future__ import annotations
 
 from dynaresize.config import Config
-from dynaresize.controller import Controller, Move, RunView
+from dynaresize.control.base import Controller, Move, RunView
 
 
 class FixedSplit(Controller):

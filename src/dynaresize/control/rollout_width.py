@@ -1,4 +1,5 @@
-"""How a rollout's device-seconds grow with its width (pure; used by `dynaresize.hysteresis`).
+"""How a rollout's device-seconds grow with its width (pure; used by
+`dynaresize.control.hysteresis.controller`).
 
 A rollout on R engines costs device-seconds a + b x R: `a` is work, which divides among the
 engines, `b` the seconds every engine spends whatever its share (decode iterations that read

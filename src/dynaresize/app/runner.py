@@ -10,11 +10,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from dynaresize.allocation import Allocation
+from dynaresize.app.progress import Progress
 from dynaresize.config import Config, to_toml
-from dynaresize.progress import Progress
+from dynaresize.core.allocation import Allocation
+from dynaresize.core.rundir import RunDir
 from dynaresize.protocols import RealClock
-from dynaresize.rundir import RunDir
 
 
 def _save_model(handle: Any, path: Path) -> None:
@@ -55,13 +55,13 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     `fail_op(resize_index, op) -> bool`: failure injection for tests.
     `resume`: continue `out_dir` from its latest checkpoint (see `checkpoint`).
     `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
-    from dynaresize.checkpoint import read_latest
+    from dynaresize.app.metric_sinks import make_sinks
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
-    from dynaresize.faults import FaultInjector
-    from dynaresize.metric_sinks import make_sinks
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.orchestrator.checkpoint import CheckpointTarget
+    from dynaresize.orchestrator.checkpoint_files import read_latest
+    from dynaresize.orchestrator.faults import FaultInjector
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dynaresize.borrow import BorrowController
 from dynaresize.config import Config, ConfigError
-from dynaresize.controller import Controller, ScheduleController
-from dynaresize.fixed_split import FixedSplit
-from dynaresize.hysteresis import HysteresisController
+from dynaresize.control.base import Controller, ScheduleController
+from dynaresize.control.borrow import BorrowController
+from dynaresize.control.fixed import FixedSplit
+from dynaresize.control.hysteresis.controller import HysteresisController
 
 POLICIES: dict[str, Callable[[Config], Controller]] = {
     "hysteresis": HysteresisController.build,

@@ -32,7 +32,7 @@ def _prompts(num: int, vocab_size: int, seed: int = 0) -> list[tuple[int, ...]]:
 
 def _measure(engine: Any, prompts: list[tuple[int, ...]], max_new_tokens: int,
              version: int) -> dict[str, float]:
-    from dynaresize.types import RequestSpec, request_seed
+    from dynaresize.core.types import RequestSpec, request_seed
 
     for i, prompt in enumerate(prompts):
         engine.add(RequestSpec(0, i, 0, version, prompt, max_new_tokens, request_seed(0, 0, i, 0)))

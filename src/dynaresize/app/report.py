@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from dynaresize.app.report_eval import eval_summary, plot_eval
 from dynaresize.cli import UsageError
-from dynaresize.report_eval import eval_summary, plot_eval
-from dynaresize.rundir import EVENT_KEYS, METRIC_KEYS, read_jsonl
-from dynaresize.timeline import BUSY_KINDS, idle_device_s_per_step
+from dynaresize.core.rundir import EVENT_KEYS, METRIC_KEYS, read_jsonl
+from dynaresize.core.timeline import BUSY_KINDS, idle_device_s_per_step
 
 COLOURS = {"rollout": "#4C72B0", "train": "#DD8452", "weight_sync": "#55A868",
            "load_weights": "#8FD19E", "start": "#BBBBBB"}

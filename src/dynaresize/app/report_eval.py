@@ -1,5 +1,5 @@
 """`report`'s evaluation part: eval.png (held-out accuracy and reward against the policy
-version, beside the training reward) and its summary line. Used by `dynaresize.report`."""
+version, beside the training reward) and its summary line. Used by `dynaresize.app.report`."""
 
 from __future__ import annotations
 

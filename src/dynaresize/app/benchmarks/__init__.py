@@ -1,0 +1,1 @@
+"""dynaresize.app.benchmarks."""

@@ -1,1 +1,0 @@
-"""Benchmarks of the real path (Ray devices, gloo, FSDP2): `dynaresize bench …`."""
