@@ -9,7 +9,7 @@ roles over a run; each role's ops form one protocol, so a component can name the
 
 - `RolloutOps`: serve the policy (load weights, submit, run, export requests);
 - `TrainOps`: one rank of the training group (steps, streamed steps, publish weights);
-- `ResizeOps`: the fine-grained ops of a resize (DESIGN §4), run by `resize.executor`;
+- `ResizeOps`: the fine-grained ops of a resize (design §4), run by `resize.executor`;
 - `RecoveryOps`: checkpoints and a new world after a device death (`recovery`, `checkpoint`).
 
 `ProcessTable` (kill, is_alive, new_store) is the backend's view of the device processes that
@@ -127,7 +127,7 @@ class TrainOps(DeviceSlot, Protocol):
 
 @runtime_checkable
 class ResizeOps(DeviceSlot, Protocol):
-    """The ops of a resize (DESIGN §4), in the order the executor's DAG allows."""
+    """The ops of a resize (design §4), in the order the executor's DAG allows."""
 
     async def release_kv(self) -> None:
         """Free the rollout engine's KV cache (the engine is empty)."""

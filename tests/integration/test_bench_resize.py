@@ -41,7 +41,7 @@ def test_bench_resize_tiny(ray_cluster: None) -> None:
     assert [r["move"] for r in rows] == ["rollout->train", "train->rollout"]
     for row in rows:
         assert row["group_creations_repeat"] == 0 and row["group_creations_first"] > 0
-    # DESIGN §4: rollout->train waits for the reshard; train->rollout serves while its
+    # design §4: rollout->train waits for the reshard; train->rollout serves while its
     # shards stream out, so the reshard is only on the training group's path
     assert "reshard" in rows[0]["path_shares"]
     assert "reshard" not in rows[1]["path_shares"] and "load_weights" in rows[1]["path_shares"]

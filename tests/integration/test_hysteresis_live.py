@@ -1,6 +1,6 @@
 """Issue 5, live: the default policy (hysteresis, streaming training, exact reduction) moves
 devices at runtime and changes nothing a static run with the same seed produces: the same
-sample records (DESIGN §2) and, with exact reduction, the same parameters bit for bit."""
+sample records (design §2) and, with exact reduction, the same parameters bit for bit."""
 
 from __future__ import annotations
 

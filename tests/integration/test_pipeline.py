@@ -1,7 +1,7 @@
 """The real path end to end: Ray actors, gloo, FSDP2, the built-in task, on CPU.
 
 Shares the session's Ray cluster and 4-device pool. Checks the RL-semantics contract of
-DESIGN §2 on samples.jsonl (§2.1 every sample exactly once in its step, §2.2 fixed versions,
+design §2 on samples.jsonl (§2.1 every sample exactly once in its step, §2.2 fixed versions,
 §2.5 the record), reproducibility of the parameter checksum, and invariance to the split.
 """
 

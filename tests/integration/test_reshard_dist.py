@@ -1,5 +1,5 @@
 """Resharding FSDP2 training state between groups through a bounded staging buffer
-(DESIGN §3, issue 3 acceptance 3).
+(design §3, issue 3 acceptance 3).
 
 One spawned 4-rank gloo world on 127.0.0.1, one torch thread per process:
 - ranks 0-2: 2 steps on G = {0, 1}; reshard to {0, 1, 2}; 1 step; reshard to {1, 2}; 1 step.

@@ -1,6 +1,6 @@
 """FSDPTrainer's FSDP path (`exact_reduction=False`) across layouts: R = 1, 2 (a subgroup of
 a 3-rank world) and 3 ranks give the same parameters after the same steps within float
-reduction order (DESIGN §2.4); full state moves from a 2-rank to a 3-rank
+reduction order (design §2.4); full state moves from a 2-rank to a 3-rank
 group exactly; the trainer's first gradient equals a plain single-process computation.
 
 Two spawned jobs (gloo on 127.0.0.1, one torch thread per process), run concurrently:

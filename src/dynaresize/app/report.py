@@ -1,6 +1,6 @@
 """`dynaresize report DIR`: plots and a text summary of a run directory, live or simulated.
 
-Consumes DIR/metrics.jsonl, events.jsonl and summary.json (DESIGN §5); produces, in DIR:
+Consumes DIR/metrics.jsonl, events.jsonl and summary.json (design §5); produces, in DIR:
 
 - `timeline.png`: devices × time, one bar per event, coloured by role (rollout, train, weight
   sync) and by resize op (`resize.<op>`);

@@ -1,4 +1,4 @@
-"""Controllers: decide, from what the run measures, when to move which devices (DESIGN §3).
+"""Controllers: decide, from what the run measures, when to move which devices (design §3).
 
 The orchestrator asks its controller at three points of every step and applies the moves it
 returns (each a resize at the next optimizer-step boundary):

@@ -1,7 +1,7 @@
 """The allocation ledger (pure): which role each device holds.
 
 Devices are numbered 0..N-1; the initial allocation gives the first
-`allocation.num_rollout_devices` of them to rollout and the rest to training (DESIGN §5).
+`allocation.num_rollout_devices` of them to rollout and the rest to training (design §5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run directory (DESIGN §5): metrics.jsonl, events.jsonl, samples.jsonl, summary.json.
+"""The run directory (design §5): metrics.jsonl, events.jsonl, samples.jsonl, summary.json.
 
 Each JSON Lines file is appended and flushed line by line, so a run that stops early keeps
 everything it finished.

@@ -7,7 +7,7 @@ step k does not wait for the step's last request: its micro-batches are the same
 every GRPO group it touches is complete (advantages are per group). Training ranks accumulate
 ready micro-batches as they come (`Device.train_accumulate`) while the rollout tail finishes;
 the optimizer step (`Device.train_finish`) waits for all of them. The update is the same
-function of the step's samples as without streaming (DESIGN §2.4): the composition of every
+function of the step's samples as without streaming (design §2.4): the composition of every
 micro-batch and the global token count do not depend on when groups finish.
 
 With a token budget (`train.max_tokens_per_micro_batch` > 0) the micro-batches are those of
@@ -88,7 +88,7 @@ class StepStream:
     def add(self, completion: Completion, reward: float,
             now_s: float | None = None) -> list[int]:
         """Record one completion (at time `now_s`, if given: `ready_profile`); returns the
-        micro-batches it made ready. Checks DESIGN §2.2 (the step's fixed version) before
+        micro-batches it made ready. Checks design §2.2 (the step's fixed version) before
         anything can train on it."""
         spec = completion.spec
         if not spec.step == self.step or not spec.version == self.version \

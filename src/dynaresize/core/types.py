@@ -38,7 +38,7 @@ class RequestSpec:
     prompt: int
     sample: int
     version: int
-    """Policy version that must generate it (DESIGN §2.2)."""
+    """Policy version that must generate it (design §2.2)."""
     prompt_tokens: tuple[int, ...]
     max_new_tokens: int
     seed: int

@@ -1,7 +1,7 @@
 """Starting or joining the Ray cluster, and what a process knows about its node.
 
 The local default (`ray.address = ""`) starts a single-node cluster whose every server listens
-on 127.0.0.1 (DESIGN §6). `ray.address = "HOST:PORT"` (or `--address`) joins a running cluster:
+on 127.0.0.1 (design §6). `ray.address = "HOST:PORT"` (or `--address`) joins a running cluster:
 its nodes advertise the addresses they were started with (`ray start --node-ip-address`), and
 the driver takes this machine's address as Ray detects it, unless the cluster's GCS is on a
 loopback address: then the whole cluster is on this machine and the driver advertises

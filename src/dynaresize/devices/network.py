@@ -1,6 +1,6 @@
 """Which address and interface a device process talks on (no torch, no Ray).
 
-The local default keeps everything on loopback (DESIGN §6): Ray nodes advertise 127.0.0.1, gloo
+The local default keeps everything on loopback (design §6): Ray nodes advertise 127.0.0.1, gloo
 and NCCL use the `lo` interface, the world's rendezvous store listens on 127.0.0.1. In a
 joined cluster every device uses the address its Ray node advertises, and the interface that
 holds that address: nothing ever binds a wildcard address.
@@ -66,5 +66,5 @@ def network_env(ip: str) -> dict[str, str]:
 
 
 def loopback_env() -> dict[str, str]:
-    """Environment that keeps gloo / NCCL / Ray traffic on loopback (DESIGN §6)."""
+    """Environment that keeps gloo / NCCL / Ray traffic on loopback (design §6)."""
     return {**base_env(), **network_env(LOOPBACK)}

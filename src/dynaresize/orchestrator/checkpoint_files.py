@@ -37,7 +37,7 @@ LATEST = "latest"
 STATE_FILE = "state.json"
 FROZEN_SECTIONS = ("model", "task", "train")
 FROZEN_KEYS = ("run.seed", "run.staleness")
-"""What a resume may not change: it would change the samples or the update (DESIGN §2)."""
+"""What a resume may not change: it would change the samples or the update (design §2)."""
 
 
 @dataclass

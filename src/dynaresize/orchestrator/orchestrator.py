@@ -1,4 +1,4 @@
-"""The orchestrator: the RL loop over Device objects and a Clock (DESIGN §3).
+"""The orchestrator: the RL loop over Device objects and a Clock (design §3).
 
 ```
  start devices ─► join training group ─► (resume: restore the checkpoint)

@@ -19,7 +19,7 @@
 
 Why this recovery point: a dead rank's shards (parameters and AdamW moments) are gone, so the
 state must come from disk or be recomputed. Every step's samples are a function of the config
-(DESIGN §2), so re-running the optimizer steps after the checkpoint on the same samples gives
+(design §2), so re-running the optimizer steps after the checkpoint on the same samples gives
 the same update (up to reduction order, ~1e-5); no rollout is redone, no sample is regenerated
 or dropped, and the versions already published stay valid. Memory: the samples of at most
 `run.checkpoint_every` steps (all steps when checkpoints are off). A training step that failed

@@ -12,7 +12,7 @@ k no longer uses, and every engine step k's tail empties joins it after loading 
 version (`RolloutRun.hand_off`; the last engine of step k stays until its run ends, so work
 requeued there always has an engine). An engine serves one version at a time and every request
 still runs with the version its step is owed, so the samples are those of the plain loop
-(DESIGN §2); only the time the tail leaves idle is used. At most two steps roll out at once
+(design §2); only the time the tail leaves idle is used. At most two steps roll out at once
 (step k + 2 needs version k + 2 - s, which needs all of step k's samples when s = 1), and
 never while a resize is pending: a resize first waits until one step rolls out
 (`EnginePool.settle`), so its stop / requeue / start-serving hooks act on the one running step.

@@ -43,7 +43,7 @@ class ResizeReport:
     t_start: float
     t_end: float
     critical_path_s: float
-    """Until the moved devices work in their new role (DESIGN §4)."""
+    """Until the moved devices work in their new role (design §4)."""
     durations_s: dict[int, float] = field(default_factory=dict)
     bytes_moved: int = 0
     num_migrated: int = 0

@@ -1,7 +1,7 @@
 """Resize planner (pure): (current allocation, target allocation) → a DAG of fine-grained ops.
 
 Each op is tagged *critical* (the stage waiting for the device is delayed until it is done) or
-*deferrable* (runs while the device already works in its new role). DESIGN §4:
+*deferrable* (runs while the device already works in its new role). design §4:
 
 rollout → train (device d):
     stop_admission(d) → export_inflight(d) → release_kv(d) ─┐
@@ -154,7 +154,7 @@ def _finish_times(plan: ResizePlan, durations_s: dict[int, float]
 
 
 def critical_chain(plan: ResizePlan, durations_s: dict[int, float]) -> tuple[float, set[int]]:
-    """The critical path (DESIGN §4: what delays the stage that waits for the moved devices):
+    """The critical path (design §4: what delays the stage that waits for the moved devices):
     the longest chain of critical ops ending where a moved device is ready. Returns its
     length and the ids of the critical ops on it."""
     finish, parent = _finish_times(plan, durations_s)

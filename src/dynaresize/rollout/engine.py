@@ -4,7 +4,7 @@ One engine serves one rollout device. Requests queue FIFO (`add`), are admitted 
 `max_running` run, decode one token per `step`, and leave the running set when they stop (EOS,
 which is kept in the tokens, or `max_new_tokens`). `export_inflight` empties the engine and returns
 every request with its token prefix, log-probs and sampler state, so that another engine holding
-the same weights continues it token-for-token (DESIGN §2.3).
+the same weights continues it token-for-token (design §2.3).
 
 Determinism, by construction:
 

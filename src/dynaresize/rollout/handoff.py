@@ -4,7 +4,7 @@ Once the next step's run exists, `hand_off` lets each engine that has nothing le
 step leave for it (the last one stays until this run ends, so requeued work always has an
 engine), and packs the thinning tail: as soon as the other engines would hold every remaining
 request at `pack_batch` each, the least-loaded engine exports its requests (token prefix and
-sampler state, so they continue unchanged elsewhere, DESIGN §2.3), they are requeued in front
+sampler state, so they continue unchanged elsewhere, design §2.3), they are requeued in front
 on the others, and the engine leaves too. One engine is packed at a time.
 """
 
@@ -69,7 +69,7 @@ class HandOff:
 
     async def _evacuate(self, slot: _Slot) -> None:
         """Packing: `slot`'s engine finishes its slice, exports its requests (tokens and
-        sampler state: they continue unchanged elsewhere, DESIGN §2.3), which are requeued in
+        sampler state: they continue unchanged elsewhere, design §2.3), which are requeued in
         front, and is handed off."""
         device = slot.device
         try:

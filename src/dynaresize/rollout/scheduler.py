@@ -3,7 +3,7 @@
 One asyncio task per rollout device; each loops { submit what was dispatched to it →
 `run_rollout(slice_s)` → hand completions back → dispatch more }. Queued requests go to the
 least-loaded device that has a free slot (ties: lowest index). Which device runs a request never
-changes its tokens (DESIGN §2.3), so dispatch is free to be greedy, and a device can leave
+changes its tokens (design §2.3), so dispatch is free to be greedy, and a device can leave
 mid-step: its in-flight requests are exported (token prefix + sampler state) and requeued at the
 front, to finish on the other engines.
 
@@ -281,7 +281,7 @@ class RolloutRun(HandOff):
 
     def _lose(self, slot: _Slot, exc: BaseException) -> None:
         """A device call failed: rerun everything it held from scratch (the seeded sampler
-        makes the tokens identical, DESIGN §2.3), or fail the run if the device is alive."""
+        makes the tokens identical, design §2.3), or fail the run if the device is alive."""
         slot.leaving = True
         self._slots.pop(slot.device.index, None)
         lost = [w.spec if isinstance(w, InflightRequest) else w

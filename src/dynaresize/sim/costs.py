@@ -72,7 +72,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ResizeCosts:
-    """Seconds (or bytes/s) charged for each fine-grained resize op (DESIGN §4)."""
+    """Seconds (or bytes/s) charged for each fine-grained resize op (design §4)."""
 
     join_group_first_s: float = 2.0
     """Creating a communicator the first time (NCCL init at scale takes seconds)."""

@@ -154,7 +154,7 @@ class SimDevice:
         await self._spend(len(out) * self.costs.resize.export_per_request_s)
         return out
 
-    # ------------------------------------------------------------------ resize ops (DESIGN §4)
+    # ------------------------------------------------------------------ resize ops (design §4)
     async def release_kv(self) -> None:
         """Free the KV cache of an empty engine: `release_kv_s`."""
         assert self.engine.is_empty, "release_kv on a busy engine"
@@ -327,7 +327,7 @@ class SimDevice:
 
 def make_devices(num_devices: int, num_rollout: int, costs: CostModel, workload: Workload,
                  clock: Clock, processes: SimProcesses | None = None) -> list[Any]:
-    """Devices 0..R-1 start as rollout, the rest as training (DESIGN §5). They share one
+    """Devices 0..R-1 start as rollout, the rest as training (design §5). They share one
     checkpoint storage; `processes`, if given, is their process table (kills)."""
     lengths, storage = Lengths(workload), SimStorage()
     devices = [SimDevice(i, costs, workload, clock,

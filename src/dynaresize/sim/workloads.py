@@ -22,7 +22,7 @@ Presets (`get_workload(name)`):
   probability drawn per prompt from Beta(2, 3).
 - `drift`: the `dapo-7b` shape with the median doubling every 25 steps (x4 over 50 steps).
 
-Traces (`load_trace`): JSON Lines in the DESIGN §5 format, validated line by line.
+Traces (`load_trace`): JSON Lines in the design §5 format, validated line by line.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ TRACE_KEYS = ("step", "prompt", "sample", "response_tokens", "prompt_tokens")
 
 class TraceWorkload(Workload):
     """A replayed trace: every step holds prompts 0..P-1 x samples 0..S-1, the same P and S
-    in every step (DESIGN §2.1: a fixed batch); steps are 0..num_steps-1."""
+    in every step (design §2.1: a fixed batch); steps are 0..num_steps-1."""
 
     def __init__(self, name: str, steps: list[StepRequests]) -> None:
         self.name = name
@@ -263,7 +263,7 @@ def parse_trace_lines(lines: list[str], source: str) -> TraceWorkload:
 
 
 def load_trace(path: str) -> TraceWorkload:
-    """Read a JSON Lines trace (DESIGN §5). Errors name the file, the line and the field."""
+    """Read a JSON Lines trace (design §5). Errors name the file, the line and the field."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()

@@ -1,7 +1,7 @@
 """What a task is: a seeded prompt source plus a verifiable reward.
 
 A task never sees the allocation, the timing or the devices: the prompts of step `k` are a pure
-function of `(seed, step, num_prompts)` (DESIGN §2.1) and the reward a pure function of the prompt
+function of `(seed, step, num_prompts)` (design §2.1) and the reward a pure function of the prompt
 and the response tokens. Prompt ids are global indices `step * num_prompts + i`, so they are
 unique across the steps of a run (whose `num_prompts` is fixed) and deterministic.
 """

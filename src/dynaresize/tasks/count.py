@@ -6,7 +6,7 @@ Prompt `"<bos>7*c"` ("7 times c") asks for `"ccccccc<eos>"`. The required length
 
 so P(L >= k) = (k - 1)^-alpha for k >= 2: most answers are 2–3 characters, a few reach the cap.
 A policy that learns the task therefore produces long-tailed response lengths, the regime
-dynaresize is built for (DESIGN §1).
+dynaresize is built for (design §1).
 
 The reward is dense so that a tiny randomly initialised model learns within a few GRPO steps:
 

@@ -12,7 +12,7 @@ fields (here chain_sum's bare expression, for short few-shot completion prompts)
 
 Item `i` of a stream is entry `i` of `create_dataset(generator, seed=stream seed, ...)`, which
 reasoning-gym derives from `Random(seed + i)` alone: prompts are a pure function of (run seed,
-index), as DESIGN §2.1 asks. The training stream has `task.dataset_size` items (prompt `g` is
+index), as design §2.1 asks. The training stream has `task.dataset_size` items (prompt `g` is
 item `g mod size`): a few generators build every item up front (measured: `acre` 43 s for
 65,536 items, `word_ladder` refuses that many), so the size is bounded; the held-out and
 few-shot streams hold only what they need. The package is optional (`pip install reasoning-gym`, or

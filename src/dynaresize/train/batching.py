@@ -2,7 +2,7 @@
 
 - `make_micro_batches(samples, micro_batch_size)`: a step's `TrainSample`s → micro-batches,
   sorted by (prompt, sample) and cut in fixed chunks. Their composition depends on the samples
-  and the micro-batch size only, never on the number of training ranks (DESIGN §2.4).
+  and the micro-batch size only, never on the number of training ranks (design §2.4).
 - `deal(num_micro_batches, num_ranks)`: micro-batch i → rank i mod R, each rank's list padded
   with None so every rank runs the same number of forward/backward rounds (FSDP collectives
   need equal call counts on every rank).

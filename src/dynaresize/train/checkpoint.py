@@ -1,4 +1,4 @@
-"""Training state on disk with `torch.distributed.checkpoint` (DCP, DESIGN §3).
+"""Training state on disk with `torch.distributed.checkpoint` (DCP, design §3).
 
 A checkpoint holds the FSDP2 trainer's model and AdamW state under two top-level keys,
 `model` and `optim` (DCP flattens them to `model.<fqn>` / `optim.state.<fqn>.exp_avg` …). DCP

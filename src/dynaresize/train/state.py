@@ -105,7 +105,7 @@ class ShardedState:
     def load_full_state(self, model_sd: dict[str, torch.Tensor] | None,
                         optim_sd: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
         """Collective: install full state held by the group's rank 0 (other ranks pass None).
-        Model and optimizer state are set separately (DESIGN §6). Missing keys raise
+        Model and optimizer state are set separately (design §6). Missing keys raise
         ValueError on every rank."""
         names = [name for name, _ in self._named_params()]
         meta: list[Any] = [None]

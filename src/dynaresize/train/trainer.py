@@ -2,7 +2,7 @@
 
 Consumes: a process group (the training group; may be a subgroup of the world, whose other
 ranks are rollout devices and make no call here), a unique `generation` (names the DeviceMesh,
-DESIGN §6), a factory returning the version-0 model (identical on every rank), a `TrainConfig`.
+design §6), a factory returning the version-0 model (identical on every rank), a `TrainConfig`.
 Produces: one optimizer step per `train_step`, full CPU state on the group's rank 0
 (`full_state_dict`, `full_optim_state_dict`), a checksum identical on every rank, and for
 resharding (`train.reshard_exec`) the local dim-0 shards (`local_shards`), the full shapes to
@@ -21,7 +21,7 @@ Two update paths (`TrainConfig.exact_reduction`), the same loss (`train.forward`
   (local, whenever micro-batches are ready), then `finish(step, M, tokens)` (collective).
 - FSDP: micro-batch loss = loss_sum / global_num_tokens, multiplied by the group size R because
   FSDP averages gradients over R ranks, so the summed update is the gradient of the global
-  batch's token-mean loss whatever R, up to float reduction order (DESIGN §2.4).
+  batch's token-mean loss whatever R, up to float reduction order (design §2.4).
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def summarize(model: dict[str, Any]) -> list[dict[str, Any]]:
             "staging_bytes": rep["staging_bytes"]}
         naive = model.get("naive", {}).get(move)
         if naive is not None:
-            # DESIGN §4: the critical path is what delays the stage that waits for d
+            # design §4: the critical path is what delays the stage that waits for d
             row["naive_s"] = naive["device_ready_s"]
             row["ratio"] = naive["device_ready_s"] / max(row["ours_repeat_s"], 1e-9)
             row["ratio_first"] = naive["device_ready_s"] / max(row["ours_first_s"], 1e-9)

@@ -1,4 +1,4 @@
-"""Our resize, measured: the ResizeExecutor on a DevicePool, op by op (DESIGN §4).
+"""Our resize, measured: the ResizeExecutor on a DevicePool, op by op (design §4).
 
 Consumes a started `DevicePool` of 4 devices and a config; produces one `ResizeMeasurement`
 per resize of a fixed sequence that starts and ends at 2 rollout / 2 train devices:
@@ -62,7 +62,7 @@ class ResizeMeasurement:
     target: str
     ok: bool
     critical_path_s: float
-    """Until the moved device works in its new role (DESIGN §4)."""
+    """Until the moved device works in its new role (design §4)."""
     group_ready_s: float
     """Until the new training group holds its state (the trainers' next step waits)."""
     wall_s: float
