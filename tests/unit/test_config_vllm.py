@@ -39,8 +39,8 @@ def test_head_dim_vllm_cannot_serve_on_cpu(monkeypatch: pytest.MonkeyPatch,
                                            tmp_path: Path) -> None:
     _with_vllm(monkeypatch, installed=True)
     with pytest.raises(ConfigError, match=r"head_dim 16 .*model.num_heads=2"):
-        load_config(None, ["rollout.engine='vllm'"])  # the default tiny model: 64 / 4
-    assert load_config(None, ["rollout.engine='vllm'", "model.num_heads=2"]).model.num_heads == 2
+        load_config(None, ["rollout.engine='vllm'", "model.num_heads=4"])  # 64 / 4
+    assert load_config(None, ["rollout.engine='vllm'"]).model.num_heads == 2  # the default
     (tmp_path / "config.json").write_text(json.dumps(
         {"hidden_size": 96, "num_attention_heads": 6}))
     with pytest.raises(ConfigError, match="head_dim 16"):

@@ -41,7 +41,8 @@ class ModelConfig:
     )
     hidden_size: int = _doc("Tiny model: hidden size.", default=64)
     num_layers: int = _doc("Tiny model: decoder layers.", default=2)
-    num_heads: int = _doc("Tiny model: attention heads.", default=4)
+    num_heads: int = _doc("Tiny model: attention heads (head_dim = hidden_size / num_heads; "
+                          "vLLM on CPU serves head_dim 32 and up).", default=2)
     intermediate_size: int = _doc("Tiny model: MLP width.", default=128)
     init_seed: int = _doc("Seed of the tiny model's random initialisation.", default=1234)
     source: str = _doc("A pretrained model installed from a PyPI package, materialised once "
