@@ -218,3 +218,31 @@ def test_migrated_request_keeps_its_prefix(weights):
     done = drain(other)[s.key]
     assert done.tokens[:2] == r.generated and len(done.tokens) == 6
     assert other.stats.num_prefill_tokens == len(s.prompt_tokens) + 1
+
+
+def test_whole_prompt_prefill_is_batch_invariant_and_migrates_exactly(weights):
+    def engine(**kw):
+        e = RolloutEngine(make_model(seed=123), eos_token_id=EOS, whole_prompt_prefill=True,
+                          **{"device_index": 0, **kw})
+        e.load_weights(weights, version=0)
+        return e
+
+    specs = [spec(p, max_new=14, plen=9) for p in range(5)]
+    alone = {}
+    for s in specs:
+        single = engine()
+        single.add(s)
+        alone.update(drain(single))
+    first = engine(max_running=3)
+    for s in specs:
+        first.add(s)
+    early = {c.spec.key: c for _ in range(4) for c in first.step()}
+    exported = first.export_inflight()
+    assert any(r.generated for r in exported)
+    second = engine(device_index=1, max_running=2)
+    for r in exported:
+        second.add(r)
+    resumed = {**early, **drain(second)}
+    for s in specs:
+        assert resumed[s.key].tokens == alone[s.key].tokens
+        assert resumed[s.key].logprobs == alone[s.key].logprobs
