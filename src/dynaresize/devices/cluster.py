@@ -56,7 +56,10 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         check_reachable(address)
         ray.init(**join_kwargs(address))
         return False
-    ray.init(_node_ip_address=LOOPBACK, include_dashboard=False, num_cpus=num_cpus,
+    # address="local": always a new cluster of our own, never one another user (or RAY_ADDRESS)
+    # left running on this machine, which `ray.init()` would otherwise join
+    ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False,
+             num_cpus=num_cpus,
              logging_level="warning", log_to_driver=False,
              runtime_env={"env_vars": loopback_env()})
     return True
