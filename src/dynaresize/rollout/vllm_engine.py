@@ -180,7 +180,8 @@ class VllmRolloutEngine:
             return []
         t0 = time.perf_counter()
         while self._pending and len(self._live) < self.max_running:
-            self._submit(self._pending.popleft())
+            self._submit(self._pending[0])  # a refused request stays queued (builtin alike)
+            self._pending.popleft()
         self._keep_company()
         finished: list[Completion] = []
         for out in self.engine.step():
