@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynaresize.rollout.engine import EngineStats
-from dynaresize.rollout.vllm_world import model_dir, private_world
+from dynaresize.rollout.vllm_world import drop_model_dir, model_dir, private_world
 from dynaresize.types import Completion, InflightRequest, RequestSpec
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -303,12 +303,15 @@ class VllmRolloutEngine:
 
 def build_vllm_engine(cfg: Any, template: Any, *, eos_token_id: int, device_index: int,
                       torch_device: str) -> VllmRolloutEngine:
-    """The engine of a rollout device: `template` (the version-0 transformers model) saved
-    once per process and served with the run's settings."""
+    """The engine of a rollout device: `template` (the version-0 transformers model) written
+    to /dev/shm for vLLM to load, served with the run's settings; the files go once loaded."""
     max_len = min(int(getattr(template.config, "max_position_embeddings", 4096)), 4096)
-    return VllmRolloutEngine(model_dir(template), eos_token_id=eos_token_id,
-                             device_index=device_index,
-                             max_running=cfg.rollout.max_running_requests,
-                             max_model_len=max_len,
-                             kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes,
-                             torch_device=torch_device)
+    try:
+        return VllmRolloutEngine(model_dir(template), eos_token_id=eos_token_id,
+                                 device_index=device_index,
+                                 max_running=cfg.rollout.max_running_requests,
+                                 max_model_len=max_len,
+                                 kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes,
+                                 torch_device=torch_device)
+    finally:
+        drop_model_dir(template)
