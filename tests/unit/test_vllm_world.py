@@ -29,7 +29,7 @@ def test_private_world_is_per_thread_with_its_own_group_counter(restore_world: N
         other = threading.Thread(target=lambda: seen_elsewhere.append(c10d._world.group_count))
         other.start()
         other.join()
-        assert c10d._world.default_pg is None  # vLLM sees an uninitialised world
+        assert c10d._world.default_pg is vllm_world._VLLM_WORLD.default_pg  # vLLM's own
     assert seen_elsewhere == [ours]  # a concurrent reshard keeps the device's counter
     assert c10d._world.group_count == ours
     with vllm_world.private_world():

@@ -1,2 +1,3 @@
-"""Rollout: the scheduler (pure asyncio, no torch) and the built-in batch-invariant torch engine
-(`rollout.engine`; a vLLM backend comes later). Import the engine from its module."""
+"""Rollout: the scheduler (pure asyncio, no torch), the built-in batch-invariant torch engine and
+the vLLM engine (`rollout.engine`: `engine.py`, `vllm_engine.py`, which alone imports vLLM).
+Import an engine from its module."""

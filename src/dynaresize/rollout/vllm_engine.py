@@ -39,7 +39,7 @@ from typing import Any
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.rollout.engine import EngineStats
-from dynaresize.rollout.vllm_world import model_dir, private_world
+from dynaresize.rollout.vllm_world import drop_model_dir, model_dir, private_world
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # several devices share the cores
@@ -180,7 +180,8 @@ class VllmRolloutEngine:
             return []
         t0 = time.perf_counter()
         while self._pending and len(self._live) < self.max_running:
-            self._submit(self._pending.popleft())
+            self._submit(self._pending[0])  # a refused request stays queued (builtin alike)
+            self._pending.popleft()
         self._keep_company()
         finished: list[Completion] = []
         for out in self.engine.step():
@@ -302,12 +303,15 @@ class VllmRolloutEngine:
 
 def build_vllm_engine(cfg: Any, template: Any, *, eos_token_id: int, device_index: int,
                       torch_device: str) -> VllmRolloutEngine:
-    """The engine of a rollout device: `template` (the version-0 transformers model) saved
-    once per process and served with the run's settings."""
+    """The engine of a rollout device: `template` (the version-0 transformers model) written
+    to /dev/shm for vLLM to load, served with the run's settings; the files go once loaded."""
     max_len = min(int(getattr(template.config, "max_position_embeddings", 4096)), 4096)
-    return VllmRolloutEngine(model_dir(template), eos_token_id=eos_token_id,
-                             device_index=device_index,
-                             max_running=cfg.rollout.max_running_requests,
-                             max_model_len=max_len,
-                             kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes,
-                             torch_device=torch_device)
+    try:
+        return VllmRolloutEngine(model_dir(template), eos_token_id=eos_token_id,
+                                 device_index=device_index,
+                                 max_running=cfg.rollout.max_running_requests,
+                                 max_model_len=max_len,
+                                 kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes,
+                                 torch_device=torch_device)
+    finally:
+        drop_model_dir(template)

@@ -79,9 +79,9 @@ def private_world() -> Iterator[None]:
 
 def model_dir(template: Any) -> str:
     """A directory holding `template` (a transformers model) as a checkpoint, written once per
-    template object (vLLM loads models from disk)."""
+    template object, again if removed (vLLM loads models from disk; see `drop_model_dir`)."""
     path = getattr(template, "_dynaresize_vllm_dir", None)
-    if path is None:
+    if path is None or not os.path.isfile(os.path.join(path, "config.json")):
         root = "/dev/shm" if os.path.isdir("/dev/shm") else None
         path = tempfile.mkdtemp(prefix="dynaresize-vllm-model-", dir=root)
         with private_world():  # save_pretrained writes nothing on a world rank other than 0
@@ -91,3 +91,12 @@ def model_dir(template: Any) -> str:
         template._dynaresize_vllm_dir = path
         atexit.register(shutil.rmtree, path, True)
     return path
+
+
+def drop_model_dir(template: Any) -> None:
+    """Remove `template`'s directory once an engine has loaded it: a device process is killed
+    (SIGKILL) at the end of a pool's life, so nothing would remove it from /dev/shm later. The
+    next engine of this process writes it again (ms for the tiny model)."""
+    path = getattr(template, "_dynaresize_vllm_dir", None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
