@@ -84,9 +84,9 @@ def num_slots(num_prompts: int, group_size: int) -> int:
     return num_prompts * group_size
 
 
-def token_micro_batches(samples: Sequence[TrainSample],
-                        max_tokens: int) -> list[tuple[int, MicroBatchList]]:
-    """The step's partition (module docstring) as (slot index, micro-batch), in index order."""
+def ordered_step_samples(samples: Sequence[TrainSample]) -> list[TrainSample]:
+    """One step's samples sorted by (prompt, sample); ValueError if empty, of several steps, or
+    with a duplicate (prompt, sample)."""
     if not samples:
         raise ValueError("a training step needs at least one sample")
     steps = {s.step for s in samples}
@@ -96,6 +96,13 @@ def token_micro_batches(samples: Sequence[TrainSample],
     keys = [(s.prompt, s.sample) for s in ordered]
     if len(set(keys)) != len(keys):
         raise ValueError("duplicate (prompt, sample) in a training step")
+    return ordered
+
+
+def token_micro_batches(samples: Sequence[TrainSample],
+                        max_tokens: int) -> list[tuple[int, MicroBatchList]]:
+    """The step's partition (module docstring) as (slot index, micro-batch), in index order."""
+    ordered = ordered_step_samples(samples)
     groups: dict[int, list[TrainSample]] = {}
     for s in ordered:
         groups.setdefault(s.prompt, []).append(s)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dynaresize.core.types import TrainSample
-from dynaresize.train.balance import balanced_plan
+from dynaresize.train.balance import balanced_plan, ordered_step_samples
 
 if TYPE_CHECKING:
     import torch
@@ -34,15 +34,7 @@ def make_micro_batches(samples: Sequence[TrainSample], micro_batch_size: int) ->
     """Sort by (prompt, sample) and cut into chunks of exactly `micro_batch_size` samples."""
     if micro_batch_size <= 0:
         raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
-    if not samples:
-        raise ValueError("a training step needs at least one sample")
-    steps = {s.step for s in samples}
-    if len(steps) != 1:
-        raise ValueError(f"samples of one training step expected, got steps {sorted(steps)}")
-    ordered = sorted(samples, key=lambda s: (s.prompt, s.sample))
-    keys = [(s.prompt, s.sample) for s in ordered]
-    if len(set(keys)) != len(keys):
-        raise ValueError("duplicate (prompt, sample) in a training step")
+    ordered = ordered_step_samples(samples)
     if len(ordered) % micro_batch_size:
         raise ValueError(f"{len(ordered)} samples do not split into micro-batches of "
                          f"{micro_batch_size}")
