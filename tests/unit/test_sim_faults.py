@@ -120,3 +120,38 @@ def test_trainer_dies_in_a_streamed_step(reference: dict, tmp_path: Path) -> Non
     assert sim.orchestrator.streaming
     assert sample_view(tmp_path) == reference
     assert fault["device"] == 1000 and fault["restored"] and fault["replayed_steps"] == 1
+
+
+def test_trainer_dies_inside_a_checkpoint_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               reference: dict[tuple[int, int, int], Any]
+                                               ) -> None:
+    """A training rank lost while the group writes a checkpoint (a collective): that
+    checkpoint is not a recovery point, the next step restores the previous one and replays;
+    nothing is lost (live: a node removed mid-save failed the whole run)."""
+    from dynaresize.sim.device import SimDevice
+    from dynaresize.sim.faults import SimProcesses
+
+    tables: list[SimProcesses] = []
+    orig_add = SimProcesses.add
+
+    def add(self: SimProcesses, device: Any) -> None:
+        if not tables:
+            tables.append(self)
+        orig_add(self, device)
+
+    monkeypatch.setattr(SimProcesses, "add", add)
+    orig = SimDevice.save_checkpoint
+    calls: list[int] = []
+
+    async def save_checkpoint(self: SimDevice, path: str) -> dict[str, float]:
+        calls.append(self.index)
+        if len(calls) == 1 + (GPUS - ROLLOUT):  # the second save's first rank: kill it
+            tables[0].kill(self.index)
+        return await orig(self, path)
+
+    monkeypatch.setattr(SimDevice, "save_checkpoint", save_checkpoint)
+    out = tmp_path / "run"
+    sim = run_config(config(checkpoint_every=1), WORKLOAD, COSTS, out_dir=out)
+    assert sim.summary["num_faults"] == 1
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == list(range(STEPS))
+    assert sample_view(out) == reference

@@ -97,8 +97,15 @@ class TrainLoop:
                 recovery.retain(step, got)
                 if self.checkpointer.due(step + 1):
                     await state.versions.publish(step + 1, handles[0])
-                    train_path = await self.checkpointer.save(step + 1)
-                    recovery.checkpointed(step + 1, train_path)
+                    try:  # a collective of the training group: a rank may die inside it
+                        train_path = await self.checkpointer.save(step + 1)
+                    except Exception:
+                        if not recovery.find_dead(f"died in the checkpoint after step {step}"):
+                            raise
+                        # no recovery point here: the next step's repair restores the last
+                        # complete one and replays this step from its retained samples
+                    else:
+                        recovery.checkpointed(step + 1, train_path)
             for d in trainers:
                 if stream is None:  # streaming wrote one event per micro-batch
                     self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
