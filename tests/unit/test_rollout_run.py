@@ -200,3 +200,61 @@ def test_an_engine_that_dies_while_packed_reruns_its_requests_elsewhere() -> Non
     for c in run.completions:
         assert c.tokens == [j + c.spec.sample for j in range(c.spec.max_new_tokens)]
     assert lost == [2] and 2 not in released and run.num_rerun > 0
+
+
+class GatedEngine(FakeEngine):
+    """Each `run_rollout` waits for `open_gate()`; it then completes every request it holds if
+    `finish`, else none."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.gate: asyncio.Future[None] | None = None
+        self.finish = False
+
+    async def run_rollout(self, max_s: float) -> list[Completion]:
+        self.gate = asyncio.get_running_loop().create_future()
+        await self.gate
+        if not self.finish:
+            return []
+        done = [Completion(r.spec, [0], [0.0], "length", self.index, 0) for r in self.running]
+        self.running = []
+        return done
+
+    def open_gate(self, finish: bool) -> None:
+        if self.gate is not None and not self.gate.done():
+            self.finish = finish
+            self.gate.set_result(None)
+
+
+def test_an_engine_packed_away_is_leaving_before_another_may_go() -> None:
+    """Regression (a live run hung at step 7 of 30): packing chose engine 1 and only marked
+    it leaving once its `_evacuate` task started; in between, engine 0 completed its last
+    request and left for the next step (engine 1 still counted as staying), then engine 1
+    exported its request and left too: the run kept a request and no engine. The engine
+    being packed is leaving from the moment it is chosen, so the last one stays."""
+    async def main() -> tuple[RolloutRun, list[tuple[int, int, int]]]:
+        engines = [GatedEngine(0), GatedEngine(1)]
+        run = RolloutRun(RealClock(), specs(2), max_running=1, slice_s=1.0,
+                         on_completions=lambda c: None)
+        run.add_devices(engines)  # one request each
+        await run.drained.wait()
+        for _ in range(3):  # both engines are now inside a slice
+            await asyncio.sleep(0)
+        assert all(e.gate is not None for e in engines)
+        released: list[tuple[int, int, int]] = []  # (device, unfinished, engines staying)
+        engines[0].open_gate(finish=True)  # its last request completes in this iteration...
+        run.pack_batch = 2  # ...while packing picks engine 1 (equal loads: highest index)
+        run.hand_off(lambda d: released.append((d.index, run.remaining, len(run.devices()))))
+        for _ in range(200):  # engine 1's slice ends empty (exported); then all complete
+            if run.finished.is_set():
+                break
+            engines[1].open_gate(finish=False)
+            engines[0].open_gate(finish=True)
+            await asyncio.sleep(0)
+        return run, released
+
+    run, released = asyncio.run(main())
+    assert run.num_migrated == 1, "the test must pack engine 1's request"
+    assert all(left >= 1 for _, remaining, left in released if remaining), released
+    assert run.finished.is_set() and sorted(c.spec.key for c in run.completions) == \
+        sorted(s.key for s in specs(2))

@@ -65,6 +65,11 @@ class HandOff:
         if len(active) < 2 or (len(active) - 1) * self.pack_batch < self.remaining:
             return
         slot = min(active, key=lambda s: (s.load, -s.device.index))
+        # leaving from now, not once `_evacuate` starts: until then another engine that
+        # empties must not count this one as staying and leave too (the run would keep
+        # requests and no engine)
+        slot.leaving = True
+        slot.wake.set()
         self._packing = asyncio.ensure_future(self._evacuate(slot))
 
     async def _evacuate(self, slot: _Slot) -> None:
@@ -72,9 +77,7 @@ class HandOff:
         sampler state: they continue unchanged elsewhere, design §2.3), which are requeued in
         front, and is handed off."""
         device = slot.device
-        try:
-            slot.leaving = True
-            slot.wake.set()
+        try:  # `slot` is already leaving (`_maybe_pack`)
             assert slot.task is not None
             await slot.task
             if self.error is not None or self._slots.get(device.index) is not slot:
