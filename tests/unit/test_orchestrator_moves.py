@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from dynaresize.control.base import Move, RunView
+from dynaresize.control.fixed import FixedSplit
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.sim.costs import get_cost_model
@@ -128,20 +129,8 @@ def test_streaming_training_accumulates_every_micro_batch_once(
         assert set(held[step].values()) <= finishers
 
 
-class StreamingStatic:
-    """Streams training, never moves a device."""
-
-    streams_training = True
-    needs_progress = False
-
-    def at_step_start(self, view: RunView) -> list[Move]:
-        return []
-
-    def on_rollout_progress(self, view: RunView) -> list[Move]:
-        return []
-
-    def at_rollout_end(self, view: RunView) -> list[Move]:
-        return []
+StreamingStatic = FixedSplit
+"""Streams training, never moves a device (the `fixed` policy)."""
 
 
 def test_pipelined_rollouts_overlap_steps_and_keep_every_sample(tmp_path) -> None:  # type: ignore[no-untyped-def]
