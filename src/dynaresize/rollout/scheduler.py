@@ -26,10 +26,14 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.protocols import Clock, Device
 from dynaresize.rollout.handoff import HandOff
+
+if TYPE_CHECKING:
+    from dynaresize.rollout.tail import TailPolicy
 
 Work = RequestSpec | InflightRequest
 DRAIN_SLICES = 100
@@ -111,6 +115,9 @@ class RolloutRun(HandOff):
         self.num_migrated = 0
         """Requests packing moved to another engine."""
         self._packing: asyncio.Task[None] | None = None
+        self.tail: TailPolicy | None = None
+        """`rollout.tail_policy` (rollout/tail.py): dispatch order by predicted length and
+        tail spreading; None: FIFO."""
         self._slots: dict[int, _Slot] = {}
         self._free: list[tuple[int, int]] = []
         """Heap of (load, device) candidates; stale entries are skipped when popped."""
@@ -183,6 +190,8 @@ class RolloutRun(HandOff):
         await self.finished.wait()
         if self._packing is not None:  # its device is handed off before the run ends
             await asyncio.gather(self._packing, return_exceptions=True)
+        if self.tail is not None:
+            await self.tail.wait()
         tasks = [s.task for s in self._slots.values() if s.task is not None]
         for s in self._slots.values():
             s.wake.set()
@@ -191,7 +200,10 @@ class RolloutRun(HandOff):
             raise self.error
 
     def _dispatch(self) -> None:
-        """Give queued work to the least-loaded device with a free slot (ties: lowest index)."""
+        """Give queued work to the least-loaded device with a free slot (ties: lowest index);
+        the queue's order is FIFO or `tail`'s."""
+        if self.tail is not None and self.queue:
+            self.tail.before_dispatch()
         if len(self.queue) > len(self._slots) and len(self._free) > BULK_MIN_FREE:
             self._dispatch_bulk()
         else:
@@ -213,7 +225,8 @@ class RolloutRun(HandOff):
             slot = self._slots.get(index)
             if slot is None or slot.leaving or slot.load != load or load >= limit:
                 continue  # stale entry
-            slot.pending.append(self.queue.popleft())
+            slot.pending.append(self.queue.popleft() if self.tail is None
+                                else self.tail.take(index))
             slot.load += 1
             slot.wake.set()
             if slot.load < limit:
@@ -226,7 +239,7 @@ class RolloutRun(HandOff):
         limit = self._limit()
         candidates = sorted((slot.load, index) for index, slot in self._slots.items()
                             if not slot.leaving and slot.load < limit)
-        queue, slots = self.queue, self._slots
+        queue, slots, tail = self.queue, self._slots, self.tail
         active: list[_Slot] = []
         touched: list[_Slot] = []
         j, level = 0, candidates[0][0] if candidates else limit
@@ -242,7 +255,8 @@ class RolloutRun(HandOff):
             for slot in active:  # every active slot holds `level` requests now
                 if not queue:
                     break
-                slot.pending.append(queue.popleft())
+                slot.pending.append(queue.popleft() if tail is None
+                                    else tail.take(slot.device.index))
                 slot.load += 1
             level += 1
         for slot in touched:
@@ -309,6 +323,8 @@ class RolloutRun(HandOff):
                 work, slot.pending = slot.pending, []
                 for w in work:
                     inflight[w.spec.key if isinstance(w, InflightRequest) else w.key] = w
+                if self.tail is not None:
+                    self.tail.submitted(work)
                 await device.submit(work)
             if span is None:
                 t0 = clock.now()
@@ -326,6 +342,8 @@ class RolloutRun(HandOff):
                 heapq.heappush(self._free, (slot.load, index))
                 self.remaining -= len(completions)
                 self.completions.extend(completions)
+                if self.tail is not None:
+                    self.tail.completed(completions)
                 if self.light_s is None and \
                         self.remaining <= len(self._slots) * self.light_batch:
                     self.light_s = clock.now()
@@ -337,4 +355,6 @@ class RolloutRun(HandOff):
                 if slot.load == 0 and self._maybe_release(slot):
                     return
                 self._maybe_pack()
+                if self.tail is not None:
+                    self.tail.maybe_spread()
 

@@ -248,12 +248,14 @@ def fault_columns(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _churn(run: SimRun, num_steps: int) -> dict[str, float]:
-    """Resizes per step and their critical-path seconds per step (orchestrator runs only)."""
+    """Resizes per step and their critical-path seconds per step, and requests migrated per
+    step by tail packing and spreading (orchestrator runs only)."""
     if run.orchestrator is None or not num_steps:
         return {}
     done = [r for r in run.orchestrator.resizer.reports if r.ok]
     return {"resizes_per_step": round(len(done) / num_steps, 3),
-            "resize_s_per_step": round(sum(r.critical_path_s for r in done) / num_steps, 2)}
+            "resize_s_per_step": round(sum(r.critical_path_s for r in done) / num_steps, 2),
+            "migrated_per_step": round(run.orchestrator.rollout.num_migrated / num_steps, 1)}
 
 
 def workload_for_config(cfg: Config, name: str = "balanced") -> Workload:
