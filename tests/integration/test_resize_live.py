@@ -66,6 +66,26 @@ def test_forced_schedule_is_invisible_in_samples_and_weights(
     assert len(devices) >= 3
 
 
+def test_tail_policy_is_invisible_in_samples_and_weights(
+        device_pool: Any, static_run: Path, tmp_path: Path) -> None:
+    """rollout.tail_policy reorders and places requests (docs/tail.md), with forced resizes
+    migrating some mid-rollout: the samples and weights stay the static run's."""
+    summary = run(device_pool, tmp_path, SCHEDULE, "rollout.tail_policy='spread'")
+    assert summary["num_resizes"] == 4
+    assert sample_view(tmp_path) == sample_view(static_run)
+    assert max_param_diff(tmp_path, static_run) < 1e-4
+
+
+def test_tail_spreading_is_invisible_in_samples(device_pool: Any, tmp_path: Path) -> None:
+    """Staleness 0 (no pipelining): tail spreading migrates requests between engines once the
+    queue is empty; the samples and weights stay those of the run without it."""
+    run(device_pool, tmp_path / "off", "run.staleness=0", "run.steps=2")
+    run(device_pool, tmp_path / "on", "run.staleness=0", "run.steps=2",
+        "rollout.tail_policy='spread'")
+    assert sample_view(tmp_path / "on") == sample_view(tmp_path / "off")
+    assert max_param_diff(tmp_path / "on", tmp_path / "off") < 1e-4
+
+
 def test_failed_resize_rolls_back_and_loses_nothing(
         device_pool: Any, static_run: Path, tmp_path: Path) -> None:
     from dynaresize.app.runner import run_training
