@@ -58,18 +58,19 @@ def test_a_group_still_running_after_long_is_predicted_long() -> None:
 
 # ---------------------------------------------------------------- order and placement
 def test_probe_order_starts_one_sample_of_every_group() -> None:
-    fifo = [spec(p, s) for p in range(3) for s in range(2)]
+    fifo = [spec(p, s) for p in range(3) for s in range(3)]
     assert [(w.prompt, w.sample) for w in probe_order(fifo)] == [
-        (0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+        (0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]
 
 
 def test_longest_first_keeps_migrated_work_in_front() -> None:
     moved = InflightRequest(spec(9, 0), [1, 2])
-    queue = [spec(0, 1), moved, spec(1, 1), spec(2, 1)]
-    est = {0: 100.0, 1: 5000.0, 2: 800.0}
+    queue = [spec(0, 1), moved, spec(1, 1), spec(2, 1), spec(2, 2), spec(1, 2), spec(3, 1)]
+    est = {0: 100.0, 1: 5000.0, 2: 800.0, 3: 800.0}
     out = longest_first(queue, est.__getitem__)
     assert out[0] is moved
-    assert [w.prompt for w in out[1:]] == [1, 2, 0]  # type: ignore[union-attr]
+    assert [(w.prompt, w.sample) for w in out[1:]] == [  # type: ignore[union-attr]
+        (1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (0, 1)]  # group after group
 
 
 def test_spread_source_needs_an_idle_engine_and_a_crowded_one() -> None:

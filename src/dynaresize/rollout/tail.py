@@ -4,11 +4,12 @@
 decodes slower the more requests share its engine. So (without knowing any length; the
 `LengthPredictor` learns them from completions):
 
-- **Order.** The queue starts with one sample of every group (sample 0 of each prompt, then
-  sample 1, ...): every group has a request running early, and its completions reveal the
+- **Order.** The queue starts with the first sample of every group, then the other samples
+  group after group: every group has a request running early, and its completions reveal the
   group's length. Whenever enough new completions arrived, the queued requests are re-sorted,
   the groups predicted longest first (their remaining samples start early, instead of last
-  when FIFO reaches them); requeued (migrated) work stays in front.
+  when FIFO reaches them), still group after group (streaming training trains a group once
+  all its samples are done); requeued (migrated) work stays in front.
 - **Placement** (`take`): an engine whose predicted work (the predicted lengths of the
   requests dispatched to it) is at most the engines' mean gets the longest queued request,
   one above it the shortest, so long requests do not pile up on the engines that happened to
@@ -44,8 +45,16 @@ sort (at least one completion): ~200 sorts a step, O(queue log queue) each."""
 
 
 def probe_order(requests: Sequence[Work]) -> list[Work]:
-    """One sample of every group first: sample-major, then prompt (stable otherwise)."""
-    return sorted(requests, key=lambda w: (_spec(w).sample, _spec(w).prompt))
+    """The first queued sample of every group first, then the others in their order (group
+    after group: groups keep completing one after another for streaming training)."""
+    seen: set[int] = set()
+    probes: list[Work] = []
+    rest: list[Work] = []
+    for w in requests:
+        prompt = _spec(w).prompt
+        (rest if prompt in seen else probes).append(w)
+        seen.add(prompt)
+    return probes + rest
 
 
 def _spec(work: Work) -> RequestSpec:
@@ -54,12 +63,12 @@ def _spec(work: Work) -> RequestSpec:
 
 def longest_first(queue: Iterable[Work], estimate: Callable[[int], float]) -> list[Work]:
     """Migrated (in-flight) work first in its order, then requests by their group's predicted
-    length, longest first (ties: sample, then prompt: the probe order)."""
+    length, longest first, group after group (ties: prompt, then sample)."""
     items = list(queue)
     front = [w for w in items if isinstance(w, InflightRequest)]
     fresh = [w for w in items if not isinstance(w, InflightRequest)]
     est = {p: -estimate(p) for p in {w.prompt for w in fresh}}  # type: ignore[union-attr]
-    fresh.sort(key=lambda w: (est[w.prompt], w.sample, w.prompt))  # type: ignore[union-attr]
+    fresh.sort(key=lambda w: (est[w.prompt], w.prompt, w.sample))  # type: ignore[union-attr]
     return front + fresh
 
 
