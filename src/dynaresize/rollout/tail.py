@@ -132,6 +132,7 @@ class TailPolicy:
             w = queue.popleft() if mine * len(work) <= self._total_work or not work \
                 else queue.pop()
         spec = _spec(w)
+        self._unplace(spec.key)  # requeued (migrated, or its engine died): placed anew
         tokens = self._estimate(spec.prompt)
         self._placed[spec.key] = (index, tokens)
         work[index] = work.get(index, 0.0) + tokens
