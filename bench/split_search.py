@@ -2,8 +2,11 @@
 a full run there, splits simulated and wall seconds of the search, for `static` and
 `reference` (the `fixed` policy) on the large-batch cases of bench/policies.py.
 
-    python bench/split_search.py                 # the 8 cases x 2 staleness (~15 minutes)
-    python bench/split_search.py --cases 1 --steps 10
+    python bench/split_search.py                 # 4 cases x 2 staleness x 2 rows (~15 min)
+    python bench/split_search.py --cases 1 --no-write
+
+writes docs/results.md between `<!-- split-search:start -->` and `<!-- split-search:end -->`
+(all cases only).
 
 `old` is the search as it was (a 2-step probe around the closed-form optimum, +-1 step of
 N/32 halving to N/128, stopping even where the best lay at the edge of what it probed),
@@ -13,9 +16,11 @@ kept here only for this comparison; `new` is `sim/run.py`'s `search_split`.
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -24,6 +29,10 @@ from dynaresize.sim.harness import StepSubset
 from dynaresize.sim.run import _Analytic, run_policy, run_static, search_split
 from dynaresize.sim.workloads import Workload, resolve_workload
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policies import write_block  # noqa: E402  (bench/ is not a package)
+
+START, END = "<!-- split-search:start -->", "<!-- split-search:end -->"
 CASES = [("dapo-7b", 32, 8192), ("dapo-7b", 64, 8192), ("agentic", 64, 8192),
          ("balanced", 32, 8192)]
 
@@ -72,13 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps of the final runs")
     parser.add_argument("--search-steps", type=int, default=20,
                         help="the run length the search probes (bench/policies.py's)")
-    parser.add_argument("--cases", help="comma-separated indices into CASES (default: all)")
+    parser.add_argument("--cases", help="comma-separated indices into CASES (default: all); "
+                        "implies --no-write")
+    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     cases = CASES if args.cases is None else [CASES[int(i)] for i in args.cases.split(",")]
     costs = get_cost_model("h100-7b")
-    print("| workload | GPUs | s | row | old split | old samples/s | old splits, s "
-          "| new split | new samples/s | new splits, s | new / old |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = ["| workload (requests/step) | GPUs | s | row | old split | old samples/s "
+             "| old: splits simulated, wall s | new split | new samples/s "
+             "| new: splits simulated, wall s | new / old |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    t0 = time.time()
     for name, gpus, requests in cases:
         wl = resolve_workload(name, seed=0, requests_per_step=requests)
         for staleness in (1, 0):
@@ -89,11 +102,21 @@ def main(argv: list[str] | None = None) -> int:
                             policy=policy)
                 thr = {r: run(policy, wl, gpus, r, args.steps, staleness, 0,
                               costs)["samples_per_s"] for r in {old[0], new[0]}}
-                print(f"| {name} ({requests}) | {gpus} | {staleness} | {row} "
-                      f"| {old[0]}R/{gpus - old[0]}T | {thr[old[0]]:.2f} "
-                      f"| {old[1]}, {old[2]:.0f} | {new[0]}R/{gpus - new[0]}T "
-                      f"| {thr[new[0]]:.2f} | {new[1]}, {new[2]:.0f} "
-                      f"| {thr[new[0]] / thr[old[0]]:.3f} |", flush=True)
+                lines.append(f"| {name} ({requests}) | {gpus} | {staleness} | {row} "
+                             f"| {old[0]}R/{gpus - old[0]}T | {thr[old[0]]:.2f} "
+                             f"| {old[1]}, {old[2]:.0f} | {new[0]}R/{gpus - new[0]}T "
+                             f"| {thr[new[0]]:.2f} | {new[1]}, {new[2]:.0f} "
+                             f"| {thr[new[0]] / thr[old[0]]:.3f} |")
+                print(lines[-1], flush=True)
+    header = (f"`static` (no streaming) and `reference` (the `fixed` policy) at the split each "
+              f"search returns: samples/s of a {args.steps}-step run there (h100-7b, seed 0; "
+              f"the searches probe a {args.search_steps}-step run, as bench/policies.py's); "
+              f"measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
+              f"{time.time() - t0:.0f} s wall. Reproduce: `python bench/split_search.py`.")
+    table = "\n".join([header, "", *lines])
+    print(table)
+    if not args.no_write and not args.cases:
+        write_block(START, END, table)
     return 0
 
 
