@@ -3,11 +3,11 @@
 Policies (`simulate(policies=...)`):
 
 - `static`: the best split in hindsight, searched (`split_search.py`): a probe (3 +
-  staleness steps spread over the run, scored by the run's mean step time it implies) simulated at a
-  grid of every N/8-th split and the closed-form optimum (`analytic_step_s`, from the
-  oracle's per-step terms), then a pattern search from the grid's best (step to the better
-  neighbour while it improves, halving the spacing down to max(1, N/128)); finally the whole
-  run at the best split.
+  staleness steps spread over the run, scored by the run's mean step time it implies)
+  simulated at a grid of every N/8-th split and at the closed-form optimum
+  (`analytic_step_s`, from the oracle's per-step terms), then a pattern search from the
+  grid's best (step to the better neighbour while it improves, halving the spacing down to
+  max(1, N/128)); finally the whole run at the best split.
 - `oracle`: the lower bound of `oracle.py` (resizes free, clairvoyant).
 - `reference`: what users could configure by hand, non-clairvoyant: the `fixed` policy
   (`dynaresize.control.fixed`: one split, streaming training, pipelined rollouts at staleness
