@@ -183,8 +183,9 @@ def render(records: list[dict], extra: list[str], steps: int, wall_s: float,
               f"{f' in {processes} processes' if processes > 1 else ''}; the split searches "
               f"(`static`, `reference`) simulated {tried} probes in {search_s:.0f} s. "
               f"Reproduce: `python bench/policies.py`.")
+    extra_lines = [*(f"- {line}" for line in extra), ""] if extra else []
     return "\n".join([header, "", *HEADER, *(table_line(r, steps) for r in records), "",
-                      *(f"- {line}" for line in extra), "",
+                      *extra_lines,
                       "Issue 19's acceptance (`bench/acceptance.py`), from this table:", "",
                       *(f"- {line}" for line in acceptance.acceptance_lines(records))])
 
