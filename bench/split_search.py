@@ -2,7 +2,7 @@
 a full run there, splits simulated and wall seconds of the search, for `static` and
 `reference` (the `fixed` policy) on the large-batch cases of bench/policies.py.
 
-    python bench/split_search.py                 # 4 cases x 2 staleness x 2 rows (~15 min)
+    python bench/split_search.py                 # 5 cases x 2 staleness x 2 rows (~35 min)
     python bench/split_search.py --cases 1 --no-write
 
 writes docs/results.md between `<!-- split-search:start -->` and `<!-- split-search:end -->`
@@ -30,11 +30,11 @@ from dynaresize.sim.run import _Analytic, run_policy, run_static, search_split
 from dynaresize.sim.workloads import Workload, resolve_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from policies import write_block  # noqa: E402  (bench/ is not a package)
+from policies import BIG_REQUEST_STEPS, write_block  # noqa: E402  (bench/ is not a package)
 
 START, END = "<!-- split-search:start -->", "<!-- split-search:end -->"
 CASES = [("dapo-7b", 32, 8192), ("dapo-7b", 64, 8192), ("agentic", 64, 8192),
-         ("balanced", 32, 8192)]
+         ("balanced", 32, 8192), ("dapo-7b", 256, 65536)]
 
 
 def old_search(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
@@ -94,11 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     for name, gpus, requests in cases:
         wl = resolve_workload(name, seed=0, requests_per_step=requests)
+        search_steps = (min(args.search_steps, BIG_REQUEST_STEPS) if requests > 10**4
+                        else args.search_steps)
         for staleness in (1, 0):
             for row, policy in (("static", "static"), ("reference", "fixed")):
-                old = timed(old_search, wl, gpus, args.search_steps, staleness, 0, costs,
+                old = timed(old_search, wl, gpus, search_steps, staleness, 0, costs,
                             policy)
-                new = timed(search_split, wl, gpus, args.search_steps, staleness, 0, costs,
+                new = timed(search_split, wl, gpus, search_steps, staleness, 0, costs,
                             policy=policy)
                 thr = {r: run(policy, wl, gpus, r, args.steps, staleness, 0,
                               costs)["samples_per_s"] for r in {old[0], new[0]}}
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(lines[-1], flush=True)
     header = (f"`static` (no streaming) and `reference` (the `fixed` policy) at the split each "
               f"search returns: samples/s of a {args.steps}-step run there (h100-7b, seed 0; "
-              f"the searches probe a {args.search_steps}-step run, as bench/policies.py's); "
+              f"the searches probe a {args.search_steps}-step run ({BIG_REQUEST_STEPS} over "
+              f"10^4 requests/step), as bench/policies.py's); "
               f"measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
               f"{time.time() - t0:.0f} s wall. Reproduce: `python bench/split_search.py`.")
     table = "\n".join([header, "", *lines])
