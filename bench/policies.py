@@ -4,15 +4,24 @@ docs/results.md (between `<!-- twin-policies:start -->` and `<!-- twin-policies:
     python bench/policies.py            # prints the table and rewrites that section
     python bench/policies.py --quick    # fewer steps and requests (a smoke run)
 
+In two processes (each writes its rows, then one merges them into the section):
+
+    python bench/policies.py --cases 0,1,2,3,4 --out a.json &
+    python bench/policies.py --cases 5,6,7,8,9 --extras --out b.json
+    python bench/policies.py --merge a.json b.json
+
 Every policy runs on the same workload with the same seed; the `static` row is the best split
 in hindsight (searched), `reference` the best fixed split with streaming training and
 pipelined rollouts (what users could configure by hand, searched), `oracle` the clairvoyant
-lower bound. Ratios are measured side by side in one run.
+lower bound. Ratios are measured side by side in one run. Under the table: issue 19's
+acceptance criteria, each with its target (bench/acceptance.py), and what the split searches
+cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import re
 import sys
@@ -22,6 +31,9 @@ from pathlib import Path
 
 from dynaresize.core.rundir import read_jsonl
 from dynaresize.sim.run import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import acceptance  # noqa: E402  (bench/ is not a package)
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 START, END = "<!-- twin-policies:start -->", "<!-- twin-policies:end -->"
@@ -67,7 +79,8 @@ def unseen_line(steps: int) -> str:
                   f"{ratios[-1]:.3f}", flush=True)
     return (f"unseen seeds and GPU counts ({len(ratios)} runs: "
             f"{', '.join(f'{w} {g} GPUs' for w, g, _, _ in UNSEEN)}; both staleness values): "
-            f"hysteresis / best static {min(ratios):.2f}–{max(ratios):.2f}x")
+            f"hysteresis / best static {min(ratios):.2f}–{max(ratios):.2f}x; "
+            f"{acceptance.unseen_line(ratios)}")
 
 
 def write_block(start: str, end: str, text: str, path: Path = RESULTS) -> None:
@@ -90,8 +103,10 @@ def _split(row: dict) -> str:
     return f"{split.get('rollout')}R/{split.get('train')}T"
 
 
-def table_line(out: dict, workload: str, requests: int, case_steps: int, steps: int) -> str:
-    """One markdown row of the table from `simulate`'s output."""
+def table_line(record: dict, steps: int) -> str:
+    """One markdown row of the table from a record (`run_case`)."""
+    out, workload, requests = record["out"], record["workload"], record["requests"]
+    case_steps = record["case_steps"]
     res = out["results"]
     thr = {p: (row_of(res, p) or {}).get("samples_per_s", float("nan")) for p in POLICIES}
     hyst = row_of(res, "hysteresis") or {}
@@ -112,41 +127,111 @@ def table_line(out: dict, workload: str, requests: int, case_steps: int, steps: 
             f"| {'-' if saved is None else f'{saved:.1f}'} |")
 
 
+HEADER = ["| workload | GPUs | s | oracle binds | static (split) | colocated | borrow "
+          "| hysteresis | reference (split) | oracle | hyst / static | hyst / colocated "
+          "| hyst / reference | hyst / oracle | resizes / step | resize s / step "
+          "| saved s / step vs reference |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def run_case(case: int, staleness: int, steps: int, quick: bool = False) -> dict:
+    """One row: every policy of `POLICIES` on `CASES[case]`, with what its split searches
+    cost (`quick`: at most 512 requests per step)."""
+    workload, gpus, requests = CASES[case]
+    requests = min(requests, 512) if quick else requests
+    case_steps = min(steps, BIG_REQUEST_STEPS) if requests > 10**4 else steps
+    timings: dict[str, tuple[float, float]] = {}
+    out = simulate(workload, gpus, POLICIES, steps=case_steps, staleness=staleness, seed=0,
+                   requests_per_step=requests, timings=timings)
+    tried = sum((row_of(out["results"], p) or {}).get("num_splits_tried", 0)
+                for p in ("static", "reference"))
+    search_s = sum(timings.get(k, (0.0, 0.0))[0] for k in ("search", "reference-search"))
+    return {"case": case, "workload": workload, "requests": requests, "case_steps": case_steps,
+            "splits_tried": tried, "search_s": round(search_s, 1), "out": out}
+
+
+def case_order(record: dict) -> tuple[int, int]:
+    """Where a record's row sits in the table: CASES order, staleness 1 before 0."""
+    return record["case"], -record["out"]["staleness"]
+
+
+def merge(paths: list[str]) -> dict:
+    """The records, extra lines and wall seconds of `--out` files, in table order (a case in
+    two files: the later file's row)."""
+    rows: dict[tuple, dict] = {}
+    merged: dict = {"steps": None, "extra": [], "wall_s": 0.0}
+    for path in paths:
+        part = json.loads(Path(path).read_text())
+        merged["steps"] = merged["steps"] or part["steps"]
+        merged["extra"] += part["extra"]
+        merged["wall_s"] = max(merged["wall_s"], part["wall_s"])
+        for rec in part["records"]:
+            rows[case_order(rec)] = rec
+    merged["records"] = sorted(rows.values(), key=case_order)
+    return merged
+
+
+def render(records: list[dict], extra: list[str], steps: int, wall_s: float,
+           processes: int = 1) -> str:
+    """The section: a header, the table, the extra lines, the acceptance lines."""
+    tried = sum(r.get("splits_tried", 0) for r in records)
+    search_s = sum(r.get("search_s", 0.0) for r in records)
+    header = (f"Samples/s in the twin (h100-7b cost model), {steps} steps "
+              f"({BIG_REQUEST_STEPS} for over 10^4 requests/step), seed 0; measured "
+              f"{time.strftime('%Y-%m-%d')} on {platform.machine()} "
+              f"({platform.processor() or 'CPU'}), {wall_s:.0f} s wall"
+              f"{f' in {processes} processes' if processes > 1 else ''}; the split searches "
+              f"(`static`, `reference`) simulated {tried} probes in {search_s:.0f} s. "
+              f"Reproduce: `python bench/policies.py`.")
+    extra_lines = [*(f"- {line}" for line in extra), ""] if extra else []
+    return "\n".join([header, "", *HEADER, *(table_line(r, steps) for r in records), "",
+                      *extra_lines,
+                      "Issue 19's acceptance (`bench/acceptance.py`), from this table:", "",
+                      *(f"- {line}" for line in acceptance.acceptance_lines(records))])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--cases", help="comma-separated indices into CASES (default: all); "
-                        "implies --no-write and skips the extra lines")
+                        "implies --no-write and skips the extra lines unless --extras")
+    parser.add_argument("--extras", action="store_true",
+                        help="with --cases: run the extra lines (drift halves, unseen) too")
+    parser.add_argument("--out", help="also write the rows and extra lines to this JSON file "
+                        "(for --merge)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="simulate nothing: build "
+                        "the section from --out files and write it (unless --no-write)")
     args = parser.parse_args(argv)
-    cases = CASES if args.cases is None else [CASES[int(i)] for i in args.cases.split(",")]
+    if args.merge:
+        got = merge(args.merge)
+        table = render(got["records"], got["extra"], got["steps"], got["wall_s"],
+                       len(args.merge))
+        print(table)
+        if not args.no_write:
+            write_block(START, END, table)
+        return 0
+    cases = (range(len(CASES)) if args.cases is None else
+             [int(i) for i in args.cases.split(",")])
     steps = 6 if args.quick else args.steps
-    lines = ["| workload | GPUs | s | oracle binds | static (split) | colocated | borrow "
-             "| hysteresis | reference (split) | oracle | hyst / static | hyst / colocated "
-             "| hyst / reference | hyst / oracle | resizes / step | resize s / step "
-             "| saved s / step vs reference |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     t0 = time.time()
-    for workload, gpus, requests in cases:
+    records = []
+    for case in cases:
         for staleness in (1, 0):
-            if args.quick:
-                requests = min(requests, 512)
-            case_steps = min(steps, BIG_REQUEST_STEPS) if requests > 10**4 else steps
-            out = simulate(workload, gpus, POLICIES, steps=case_steps, staleness=staleness,
-                           seed=0, requests_per_step=requests)
-            lines.append(table_line(out, workload, requests, case_steps, steps))
-            print(lines[-1], flush=True)
-    extra = [] if args.quick or args.cases else [
-        drift_second_half(40, 1), drift_second_half(40, 0), unseen_line(steps)]
+            records.append(run_case(case, staleness, steps, args.quick))
+            print(table_line(records[-1], steps), flush=True)
+    run_extra = not args.quick and (args.cases is None or args.extras)
+    extra = [drift_second_half(40, 1), drift_second_half(40, 0),
+             unseen_line(steps)] if run_extra else []
     for line in extra:
         print(line, flush=True)
-    header = (f"Samples/s in the twin (h100-7b cost model), {steps} steps, seed 0; measured "
-              f"{time.strftime('%Y-%m-%d')} on {platform.machine()} "
-              f"({platform.processor() or 'CPU'}), {time.time() - t0:.0f} s wall. "
-              f"Reproduce: `python bench/policies.py`.")
-    table = "\n".join([header, "", *lines, "", *(f"- {line}" for line in extra)])
+    table = render(records, extra, steps, time.time() - t0)
     print(table)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"steps": steps, "extra": extra,
+                                              "wall_s": round(time.time() - t0),
+                                              "records": records}))
     if not args.no_write and not args.quick and not args.cases:
         write_block(START, END, table)
     return 0

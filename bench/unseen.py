@@ -14,8 +14,10 @@ side with the same seed:
 - `drift`: the median doubles over the run.
 
 Reported per family: hysteresis / best static (min, median, and min over the runs the
-oracle calls tail-bound) and the most resizes any run made; a run whose longest request does
-not fit one device's KV cache is skipped (the twin refuses it with a clear error).
+oracle calls tail-bound) and the most resizes any run made; under the table, how many runs
+fall below 1.0x the best static split (issue 19, criterion 3: none). A run whose longest
+request does not fit one device's KV cache is skipped (the twin refuses it with a clear
+error).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from dynaresize.sim.run import simulate
 from dynaresize.sim.workloads import SyntheticWorkload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from policies import write_block  # noqa: E402  (bench/ is not a package)
+from acceptance import unseen_line  # noqa: E402  (bench/ is not a package)
+from policies import write_block  # noqa: E402
 
 START, END = "<!-- unseen:start -->", "<!-- unseen:end -->"
 FAMILIES = ("tailed", "tailless", "bimodal", "drift")
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{skipped} skipped: a request longer than one device's KV cache); measured "
               f"{time.strftime('%Y-%m-%d')} on {platform.machine()}, "
               f"{time.time() - t0:.0f} s wall. Reproduce: `python bench/unseen.py`.")
-    table = "\n".join([header, "", *lines])
+    ratios = [r for runs in got.values() for r, _, _ in runs]
+    table = "\n".join([header, "", *lines, "", f"Issue 19's acceptance: {unseen_line(ratios)}"])
     print(table)
     if not args.no_write and args.runs == parser.get_default("runs"):
         write_block(START, END, table)

@@ -20,8 +20,8 @@ GOLDEN = {
     # (workload, gpus): policy -> (split, mean_step_s, num_resizes); steps=3, 64 requests, seed 1
     ("dapo-7b", 8): {"static": ((5, 3), 126.4846, 0), "colocated": ((8, 8), 127.1028, 5),
                      "borrow": ((5, 3), 126.4846, 4), "oracle": (None, 56.6828, 0)},
-    ("balanced", 6): {"static": ((3, 3), 6.6848, 0), "colocated": ((6, 6), 10.4977, 5),
-                      "borrow": ((3, 3), 8.5251, 2), "oracle": (None, 2.9074, 0)},
+    ("balanced", 6): {"static": ((2, 4), 6.4361, 0), "colocated": ((6, 6), 10.4977, 5),
+                      "borrow": ((2, 4), 11.2342, 6), "oracle": (None, 2.9074, 0)},
 }
 
 

@@ -2,12 +2,12 @@
 
 Policies (`simulate(policies=...)`):
 
-- `static`: the best split in hindsight, found coarse-to-fine: the coarse level scores every
-  split 1..N-1 in closed form (`analytic_step_s`, from the oracle's per-step terms); the fine
-  levels simulate a probe (`probe_steps` steps spread over the run) at the best and its
-  neighbours at spacing N/32, halving down to max(1, N/128) (beyond 128 devices a few
-  devices change the step time by well under 1%); finally the whole run at the best split.
-  It assumes the mean step time is unimodal in the split near the analytic optimum.
+- `static`: the best split in hindsight, searched (`split_search.py`): a probe (3 +
+  staleness steps spread over the run, scored by the run's mean step time it implies)
+  simulated at a grid of every N/8-th split and at the closed-form optimum
+  (`analytic_step_s`, from the oracle's per-step terms), then a pattern search from the
+  grid's best (step to the better neighbour while it improves, halving the spacing down to
+  max(1, N/128)); finally the whole run at the best split.
 - `oracle`: the lower bound of `oracle.py` (resizes free, clairvoyant).
 - `reference`: what users could configure by hand, non-clairvoyant: the `fixed` policy
   (`dynaresize.control.fixed`: one split, streaming training, pipelined rollouts at staleness
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from dynaresize.control.registry import POLICIES
+from dynaresize.sim import split_search
 from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
 from dynaresize.sim.harness import (
@@ -126,34 +127,28 @@ class _Analytic:
 
 
 def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
-                 costs: CostModel, probe_steps: int = 2,
+                 costs: CostModel, probe_steps: int | None = None,
                  policy: str = "static") -> tuple[int, int]:
-    """Coarse-to-fine search of the best static split (module docstring) of `policy`
-    (`static`, or a controller that never moves: `fixed`). Returns (best number of rollout
+    """The best static split of `policy` (`static`, or a controller that never moves:
+    `fixed`), searched by `split_search.search_best_split` over probes of `probe_steps` steps
+    (default `split_search.probe_steps`: 3 + staleness). Returns (best number of rollout
     devices, number of splits simulated)."""
     if gpus < 2:
         raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
-    picked = sorted({int(k) for k in np.linspace(0, steps - 1, min(steps, probe_steps))})
+    picked = (split_search.probe_steps(steps, staleness) if probe_steps is None else
+              sorted({int(k) for k in np.linspace(0, steps - 1, min(steps, probe_steps))}))
     probe = StepSubset(workload, picked)
     analytic = _Analytic(costs, workload, picked)
-    best = min(range(1, gpus), key=lambda r: analytic(gpus, r, staleness))
-    scores: dict[int, float] = {}
+    start = min(range(1, gpus), key=lambda r: analytic(gpus, r, staleness))
 
     def score(r: int) -> float:
-        if r not in scores:
-            scores[r] = (run_static(probe, gpus, r, len(picked), staleness, seed, costs)
-                         if policy == "static" else
-                         run_policy(policy, probe, gpus, r, len(picked), staleness, seed,
-                                    costs))["mean_step_s"]
-        return scores[r]
+        cfg = sim_config(probe, r, gpus - r, len(picked), staleness, seed, costs)
+        cfg.controller.policy = policy
+        run = run_config(cfg, probe, costs, None if policy == "static" else POLICIES[policy](cfg))
+        return split_search.estimated_mean_step_s([m["step_s"] for m in run.rundir.metrics],
+                                                  staleness, steps)
 
-    spacing, finest = max(1, gpus // 32), max(1, gpus // 128)
-    while True:
-        best = min((r for r in (best - spacing, best, best + spacing) if 1 <= r < gpus),
-                   key=lambda r: (score(r), r))
-        if spacing <= finest:
-            return best, len(scores)
-        spacing = max(finest, spacing // 2)
+    return split_search.search_best_split(score, gpus, start)
 
 
 def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, steps: int,
