@@ -12,6 +12,7 @@ from dynaresize.config import Config
 from dynaresize.core.rundir import RunDir
 
 RECORD = {"step": 3, "reward_mean": 0.5, "rollout_s": 1.0, "train_s": 2.0, "step_s": 3.0,
+          "train_device_s": 4.0,
           "num_rollout_devices": 2, "num_train_devices": 2, "num_resizes": 0, "tokens": 10,
           "policy_version": 2, "eval_version": 3, "eval_accuracy": 0.25, "eval_reward": 0.5,
           "eval_s": 1.5}

@@ -41,7 +41,7 @@ class Progress:
     def step(self, m: dict[str, Any]) -> None:
         elapsed = time.monotonic() - self._t0
         line = (f"step {m['step'] + 1:>3}/{self.total_steps}  reward {m['reward_mean']:.3f}  "
-                f"rollout {m['rollout_s']:6.2f}s  train {m['train_s']:6.2f}s  "
+                f"rollout {m['rollout_s']:6.2f}s  train-wait {m['train_s']:6.2f}s  "
                 f"step {m['step_s']:6.2f}s  tokens {m['tokens']:>6}  "
                 f"alloc {m['num_rollout_devices']}R/{m['num_train_devices']}T  "
                 f"resizes {m['num_resizes']}  v{m['policy_version']}  [{elapsed:.0f}s]")

@@ -195,7 +195,10 @@ def summary_text(path: Path, metrics: list[dict], events: list[dict],
              f"samples/s: {summary.get('samples_per_s', 0.0):.2f}   "
              f"tokens/s: {summary.get('tokens_per_s', 0.0):.1f}",
              f"mean step {mean('step_s'):.3f} s (rollout {mean('rollout_s'):.3f} s, "
-             f"train {mean('train_s'):.3f} s); p99 step "
+             f"train after the rollout {mean('train_s'):.3f} s"
+             + (f", training {mean('train_device_s'):.3f} device-s"
+                if metrics and "train_device_s" in metrics[0] else "")
+             + "); p99 step "
              f"{np.percentile([m['step_s'] for m in metrics], 99) if metrics else 0.0:.3f} s",
              f"bubble fraction: {summary.get('bubble_fraction', 0.0):.1%}   "
              f"mean busy devices (utilisation plot): {busy_fraction:.1%}",

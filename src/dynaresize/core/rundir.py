@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 METRIC_KEYS = ("step", "reward_mean", "rollout_s", "train_s", "step_s", "num_rollout_devices",
-               "num_train_devices", "num_resizes", "tokens", "policy_version")
+               "num_train_devices", "num_resizes", "tokens", "policy_version", "train_device_s")
 EVENT_KEYS = ("t_start", "t_end", "device", "kind", "critical", "bytes")
 SAMPLE_KEYS = ("step", "prompt", "sample", "version", "device", "response_tokens",
                "tokens_sha256")

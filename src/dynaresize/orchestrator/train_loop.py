@@ -115,6 +115,7 @@ class TrainLoop:
             record = {
                 "step": step, "reward_mean": round(got.reward_mean, 6),
                 "rollout_s": round(got.rollout_s, 4), "train_s": round(t2 - t0, 4),
+                "train_device_s": round(train_device_s, 4),
                 "step_s": round(t2 - prev_end_s, 4),
                 "num_rollout_devices": len(state.allocation.rollout),
                 "num_train_devices": len(state.allocation.train),
