@@ -209,8 +209,7 @@ def test_release_tail_off_never_lends() -> None:
     ctl.at_step_start(v)
     assert not ctl.model.lend_ok
     ctl.model.lend_ok = True
-    assert ctl.on_rollout_progress(lend_view(idle=3)) == []
-    assert ctl.at_rollout_end(lend_view(r=4, todo=0.8)) == []
+    assert ctl.at_rollout_end(lend_view()) == []
     assert lending_controller().lending.pays(8)   # the same workload would lend
 
 
@@ -223,12 +222,11 @@ def test_lending_must_beat_never_lending_by_the_band() -> None:
     assert not lending_controller(band=gain + 0.01).lending.pays(8)
 
 
-def lend_view(staleness: int = 0, idle: int = 0, todo: float = 0.5, r: int = 8,
-              **kw: object) -> RunView:
-    return RunView(step=3, now_s=50.0, allocation=Allocation.initial(r, 2),
-                   staleness=staleness, rollout_total=100, rollout_finished=60,
-                   rollout_idle=idle, train_todo=todo,
-                   history=[timing(2, 100.0, 1.0, r, 2)], **kw)  # type: ignore[arg-type]
+def lend_view(staleness: int = 0, todo: float = 0.8, r: int = 4, **kw: object) -> RunView:
+    return RunView(step=3, now_s=50.0, allocation=Allocation.initial(r, 4),
+                   staleness=staleness, rollout_total=100, rollout_finished=100,
+                   train_todo=todo, history=[timing(2, 100.0, 1.0, r, 4)],
+                   **kw)  # type: ignore[arg-type]
 
 
 def lender(lend: bool = True, round_trip_s: float = 1.0) -> HysteresisController:
@@ -238,48 +236,37 @@ def lender(lend: bool = True, round_trip_s: float = 1.0) -> HysteresisController
     return ctl
 
 
-def test_staleness_0_lends_engines_the_tail_emptied_without_migrating() -> None:
-    """Streaming, staleness 0, lending mode: once a quarter of the engines have nothing left
-    in the step, they go to training (idle ones first: nothing migrates) if the training
-    still to do gains more than the resizes cost; not at staleness 1, not when training is
-    done, not in the mode without lending; the next lend waits for this one."""
-    def progress(**kw: object) -> list[tuple[str, int, bool]]:
+def test_lending_at_rollout_end_and_return_next_step() -> None:
+    """Staleness 0, lending mode: at rollout end every engine but one trains (idle ones
+    first: nothing migrates); they come back at the next step start (blocking at staleness
+    0: before the rollout). Not at staleness 1, not when training is done, not in the mode
+    without lending; never during the rollout."""
+    def end(**kw: object) -> list[tuple[str, int, bool]]:
         lend = bool(kw.pop("lend", True))
-        moves = lender(lend).on_rollout_progress(lend_view(**kw))  # type: ignore[arg-type]
+        moves = lender(lend).at_rollout_end(lend_view(**kw))  # type: ignore[arg-type]
         return [(m.move, m.num_devices, m.idle_first) for m in moves]
 
-    assert progress(idle=3) == [("rollout->train", 3, True)]
-    assert progress(idle=1) == []               # fewer than a quarter of the engines
-    assert progress(staleness=1, idle=3) == []  # staleness 1: pipelined rollouts use them
-    assert progress(idle=3, todo=0.0) == []     # nothing left to train
-    assert progress(idle=3, lend=False) == []   # the step runs in the mode without lending
+    assert end() == [("rollout->train", 3, True)]
+    assert end(staleness=1) == []    # staleness 1: pipelined rollouts use the engines
+    assert end(todo=0.0) == []       # nothing left to train
+    assert end(lend=False) == []     # the step runs in the mode without lending
     ctl = lender()
-    assert ctl.on_rollout_progress(lend_view(idle=3)) != []
-    # the resize has not been applied yet: the allocation still shows 8 engines
-    assert ctl.on_rollout_progress(lend_view(idle=5)) == []
-    assert ctl.on_rollout_progress(lend_view(idle=5, r=5)) != []
-
-
-def test_a_lend_must_gain_more_than_its_round_trips() -> None:
-    assert pairs(lender(round_trip_s=1.0).on_rollout_progress(lend_view(idle=3))) \
-        == [("rollout->train", 3)]
-    assert lender(round_trip_s=100.0).on_rollout_progress(lend_view(idle=3)) == []
-    # before a resize was measured, `resize_guess_s` is the round trip
-    ctl = HysteresisController(HysteresisParams(resize_guess_s=100.0))
-    ctl.model.update(lend_view())
-    assert ctl.model.round_trip_s == 100.0
-
-
-def test_lending_at_rollout_end_and_return_next_step() -> None:
-    """At rollout end every engine but one trains; they come back at the next step start
-    (blocking at staleness 0: before the rollout)."""
-    ctl = lender()
-    end = lend_view(r=4, todo=0.8)
-    assert pairs(ctl.at_rollout_end(end)) == [("rollout->train", 3)]
+    assert ctl.on_rollout_progress(lend_view(rollout_idle=3)) == []
+    assert pairs(ctl.at_rollout_end(lend_view())) == [("rollout->train", 3)]
     hist = [timing(2, 100.0, 1.0, 4, 4)]
     back = ctl.at_step_start(RunView(step=4, now_s=60.0, allocation=Allocation.initial(1, 7),
                                      staleness=0, history=hist, num_pending_resizes=1))
     assert [(m.move, m.num_devices, m.blocking) for m in back] == [("train->rollout", 3, True)]
+
+
+def test_a_lend_must_gain_more_than_its_round_trips() -> None:
+    assert pairs(lender(round_trip_s=1.0).at_rollout_end(lend_view())) \
+        == [("rollout->train", 3)]
+    assert lender(round_trip_s=100.0).at_rollout_end(lend_view()) == []
+    # before a resize was measured, `resize_guess_s` is the round trip
+    ctl = HysteresisController(HysteresisParams(resize_guess_s=100.0))
+    ctl.model.update(lend_view())
+    assert ctl.model.round_trip_s == 100.0
 
 
 def test_pipelined_tail_time_per_engine_does_not_shrink_with_fewer_engines() -> None:

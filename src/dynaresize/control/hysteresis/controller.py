@@ -19,8 +19,8 @@ Decisions (streaming training on, `streams_training`):
   (or the lending mode just changed: the split was chosen for the mode).
   Devices lent in the previous step come back here (blocking at staleness 0, before the
   rollout starts). At staleness 0 the step's lending mode is chosen first (`Lending.pays`).
-- intra-step, staleness 0, lending mode (`on_rollout_progress`, `at_rollout_end`): rollout
-  engines with nothing left in the step go to training (`Lending`).
+- at rollout end, staleness 0, lending mode (`at_rollout_end`): every rollout engine but one
+  goes to training (`Lending`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ __all__ = ["HysteresisController", "HysteresisParams"]
 class HysteresisController(Controller):
     """The policy: a `StageModel` (estimates, predictions) and a `Lending` (staleness-0
     lends), composed, and the split choice (module docstring)."""
+
+    needs_progress = False
+    """It decides at step start and rollout end only (the orchestrator skips
+    `on_rollout_progress`)."""
 
     def __init__(self, params: HysteresisParams) -> None:
         self.p = params
@@ -98,7 +102,7 @@ class HysteresisController(Controller):
         return moves_to(r, best, blocking)
 
     def on_rollout_progress(self, view: RunView) -> list[Move]:
-        return self.lending.on_progress(view)
+        return []
 
     def at_rollout_end(self, view: RunView) -> list[Move]:
         return self.lending.at_rollout_end(view)

@@ -4,19 +4,16 @@
 With streaming training the trainers work through a step's completed groups while its rollout
 runs; the rest of the training waits for the last request. In lending mode
 (`StageModel.lend_ok`, chosen at each step start by `pays`; only for response lengths with a
-tail) rollout engines with nothing left to do in the step join the training (`lend`): during
-the rollout once a quarter of the engines or more are idle (nothing migrates), and at its end
-every engine but one. Lent engines come back at the next step start (`returning`).
+tail) every rollout engine but one joins the training at the rollout's end
+(`at_rollout_end`). Lent engines come back at the next step start (`returning`). Lending
+engines the tail had emptied during the rollout too (a quarter of them at a time) measured
+the same throughput at twice the resizes (docs/controller.md).
 """
 
 from __future__ import annotations
 
 from dynaresize.control.base import Move, RunView
 from dynaresize.control.hysteresis.model import StageModel, speedup_s
-
-IDLE_SHARE = 4
-"""During the rollout, lend idle engines only once at least 1 / IDLE_SHARE of them are
-idle (fewer, larger lends: the same throughput, a fifth fewer resizes)."""
 
 
 class Lending:
@@ -28,8 +25,6 @@ class Lending:
         self.p = model.p
         self._released: dict[int, int] = {}
         """Step -> rollout devices lent to training in it (they return at the next step)."""
-        self._target: dict[int, int] = {}
-        """Step -> the rollout width its last lend aims at (the next waits for it)."""
 
     def returning(self, step: int) -> int:
         """Devices lent in `step` (they come back now); forgets them."""
@@ -47,29 +42,18 @@ class Lending:
         best_keep = min(self.model.stream_s0(r, num_devices, False) for r in splits)
         return best_lend < (1 - self.p.band) * best_keep
 
-    def on_progress(self, view: RunView) -> list[Move]:
-        """During the rollout: the engines the tail has emptied, at least a quarter of them."""
-        r = len(view.allocation.rollout)
-        idle = min(view.rollout_idle, r - 1)
-        return self.lend(view, idle) if idle >= max(1, r // IDLE_SHARE) else []
-
     def at_rollout_end(self, view: RunView) -> list[Move]:
-        """The next rollout waits for this step's update: every engine but one trains."""
-        return self.lend(view, len(view.allocation.rollout) - 1)
-
-    def lend(self, view: RunView, num_idle: int) -> list[Move]:
-        """Lend `num_idle` engines with nothing left in the step (idle ones first: nothing
-        migrates) if the training still to do gains more than `cost_margin` round trips."""
+        """The next rollout waits for this step's update: every engine but one (idle ones
+        first: nothing migrates) trains, if the training still to do gains more than
+        `cost_margin` round trips (there and back)."""
         r = len(view.allocation.rollout)
-        if (num_idle < 1 or view.staleness != 0 or not self.model.streams_training
+        if (r <= 1 or view.staleness != 0 or not self.model.streams_training
                 or not self.p.release_tail or not self.model.lend_ok
-                or view.num_pending_resizes or self.model.train_dev_s is None
-                or r > self._target.get(view.step, r)):
+                or view.num_pending_resizes or self.model.train_dev_s is None):
             return []
         gain_s = speedup_s(view.train_todo * self.model.train_dev_s,
-                           len(view.allocation.train), num_idle)
-        if gain_s <= self.p.cost_margin * 2 * self.model.round_trip_s:  # there and back
+                           len(view.allocation.train), r - 1)
+        if gain_s <= self.p.cost_margin * 2 * self.model.round_trip_s:
             return []
-        self._released[view.step] = self._released.get(view.step, 0) + num_idle
-        self._target[view.step] = r - num_idle
-        return [Move("rollout->train", num_idle, idle_first=True)]
+        self._released[view.step] = r - 1
+        return [Move("rollout->train", r - 1, idle_first=True)]
