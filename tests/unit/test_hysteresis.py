@@ -85,6 +85,25 @@ def test_band_keeps_a_nearly_balanced_split() -> None:
     assert moves(0.0) == [("train->rollout", 1)]
 
 
+def test_a_first_move_on_one_measured_width_needs_one_and_a_half_bands() -> None:
+    """Staleness >= 1: while the rollout was measured at one width only, the model's shape
+    in the width is a guess and a move disrupts the pipeline once (unseen tailless run 17:
+    a 5.1% promise gained nothing and cost a 42 s step among 28 s ones). There a move must
+    promise 1.5 bands; once two widths were measured, one band."""
+    def moves(hist: list[StepTiming], staleness: int = 1) -> list[tuple[str, int]]:
+        ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0))
+        r = hist[-1].num_rollout_devices
+        return pairs(ctl.at_step_start(view(len(hist), Allocation.initial(r, 16 - r), hist,
+                                            staleness=staleness)))
+
+    # 8R/8T: max(640 rollout device-s / R, 780 training device-s / (16 - R)) is 97.5 s now,
+    # 91.4 s at R = 7 (6.2% better: over one band, under 1.5)
+    one_width = [timing(0, 80.0, 97.5, 8, 8)]
+    assert moves(one_width) == []
+    two_widths = [timing(0, 640.0 / 7, 780.0 / 9, 7, 9), timing(1, 80.0, 97.5, 8, 8)]
+    assert moves(two_widths) == [("rollout->train", 1)]
+
+
 def test_cost_gate_blocks_moves_that_do_not_pay_off() -> None:
     ctl = HysteresisController(HysteresisParams(band=0.0, horizon_steps=1, cost_margin=10.0))
     alloc = Allocation.initial(4, 4)

@@ -33,6 +33,11 @@ from dynaresize.control.hysteresis.split import moves_to, trust_region
 
 __all__ = ["HysteresisController", "HysteresisParams"]
 
+FIRST_MOVE_BANDS = 1.5
+"""Staleness >= 1: bands a split change must promise while the run has measured its rollout
+at one width only (the model's shape in the width is then a guess, and a move costs the
+pipeline a step's rhythm)."""
+
 
 class HysteresisController(Controller):
     """The policy: a `StageModel` (estimates, predictions) and a `Lending` (staleness-0
@@ -95,7 +100,9 @@ class HysteresisController(Controller):
         # the split was chosen for the lending mode: a change of mode re-plans it at once
         dwell_ok = (view.step - self._last_change_step >= self.p.min_dwell_steps
                     or was_ok != model.lend_ok)
-        if (not dwell_ok or gain_s <= self.p.band * now_s
+        band = self.p.band * (FIRST_MOVE_BANDS if view.staleness and not model.widths_measured
+                              else 1.0)
+        if (not dwell_ok or gain_s <= band * now_s
                 or gain_s * self.p.horizon_steps <= self.p.cost_margin * model.cost_s):
             return moves_to(r, base, blocking)
         self._last_change_step = view.step

@@ -99,6 +99,8 @@ class StageModel:
         """Streaming: the share of a step's training ready by each tenth of its rollout
         (`StepTiming.ready_profile`, EMA per point)."""
         self.pipelined = False
+        self.widths_measured = False
+        """The rollout was measured at two widths or more (at any time in the run)."""
         self.seen_steps = 0
         self.cost_s = 0.0
         """A resize's critical path (median of the last 8 measured, else `GUESS_SHARE` of the
@@ -133,6 +135,7 @@ class StageModel:
                 self.roll_fit.add(r, timing.rollout_device_s - tail_dev_s)
             self.rollout_dev_s = ema(self.rollout_dev_s, timing.rollout_s * r, w)
             self.rollout_fit.add(r, timing.rollout_s * r)
+            self.widths_measured |= r != view.history[0].num_rollout_devices
         self.seen_steps = len(view.history)
         last = view.history[-1] if view.history else None
         self.cost_s = median_recent(view.resize_critical_s, GUESS_SHARE * (
