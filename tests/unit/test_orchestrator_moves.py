@@ -72,7 +72,8 @@ def test_device_stopped_between_steps_gets_no_rollout_work() -> None:
     costs = get_cost_model("h100-7b")
     cfg = sim_config(workload, 26, 6, 12, 1, 0, costs)
     cfg.train.max_tokens_per_micro_batch = 0  # the training load the regression was found at
-    controller = HysteresisController(HysteresisParams(band=0.0, min_dwell_steps=1))
+    controller = HysteresisController(HysteresisParams(band=0.0, min_dwell_steps=1,
+                                                       cost_margin=0.0))
     controller.streams_training = False  # the split moves this regression needs
     run = run_config(cfg, workload, costs, controller=controller)
     assert run.summary["num_resizes"] >= 2

@@ -110,7 +110,7 @@ class _Events:
 
 
 class _Trainer:
-    """Accumulates a micro-batch in 0.01 s per token; micro-batch 1 raises `stop`."""
+    """Accumulates a micro-batch in 0.01 s per token; the first one taken raises `stop`."""
 
     def __init__(self, index: int, clock: object, stream: StepStream, stop: list[bool]) -> None:
         self.index, self.clock, self.stream, self.stop = index, clock, stream, stop
@@ -119,9 +119,17 @@ class _Trainer:
     async def train_accumulate(self, step: int, mbs: list) -> None:
         (m, _), = mbs
         self.took.append(m)
-        if m == 1:
-            self.stop[0] = True  # a resize starts waiting: micro-batches 0 and 1 run
+        self.stop[0] = True  # a resize starts waiting once the first micro-batch runs
         await self.clock.sleep(0.01 * self.stream.micro_batch_tokens(m))
+
+
+def _ready_stream(lengths: list[int]) -> StepStream:
+    """One micro-batch per prompt (2 samples of `length` + 2 prompt tokens each), all ready."""
+    stream = StepStream(0, 0, list(range(len(lengths))), 2, 2)
+    for p, length in enumerate(lengths):
+        for j in range(2):
+            stream.add(_completion(0, p, j, length=length), 1.0)
+    return stream
 
 
 @pytest.mark.parametrize("backfill", [True, False])
@@ -133,11 +141,8 @@ def test_while_a_resize_waits_free_trainers_only_take_what_ends_in_time(backfill
     from dynaresize.sim.clock import VirtualClock
 
     clock = VirtualClock()
-    stream = StepStream(0, 0, [0, 1, 2, 3], 2, 2)   # one micro-batch per prompt
-    for p, length in [(0, 48), (1, 3), (2, 3), (3, 98)]:
-        for j in range(2):
-            stream.add(_completion(0, p, j, length=length), 1.0)
-    # tokens: m0 100 (1 s), m1 10, m2 10 (0.1 s each), m3 200 (2 s)
+    stream = _ready_stream([73, 48, 3, 98])
+    # tokens: m0 150 (1.5 s), m1 100 (1 s), m2 10 (0.1 s), m3 200 (2 s)
     stop = [False]
     trainers = [_Trainer(i, clock, stream, stop) for i in range(2)]
     holdings = Holdings()
@@ -146,11 +151,27 @@ def test_while_a_resize_waits_free_trainers_only_take_what_ends_in_time(backfill
     spent = clock.run(train_session(clock, _Events(), 0, stream, holdings,  # type: ignore
                                     trainers, asyncio.Event(), lambda: stop[0],  # type: ignore
                                     rate if backfill else None))
-    assert clock.now() == pytest.approx(1.0)      # the resize waited for m0 only
-    assert trainers[0].took == [0]
-    assert trainers[1].took == ([1, 2] if backfill else [1])   # m3 would end at 2.1 s
-    assert sorted(holdings.held_by) == ([0, 1, 2] if backfill else [0, 1])
-    assert spent == pytest.approx(1.2 if backfill else 1.1)
+    assert clock.now() == pytest.approx(2.0)      # the resize waited for m3 only
+    assert trainers[0].took == [3]                # the largest first
+    assert trainers[1].took == ([0, 2] if backfill else [])   # m1 would end at 2.5 s
+    assert sorted(holdings.held_by) == ([0, 2, 3] if backfill else [3])
+    assert spent == pytest.approx(3.6 if backfill else 2.0)
+
+
+def test_trainers_take_the_largest_ready_micro_batch_first() -> None:
+    """Micro-batches ready at once (staleness 1: the whole step) go largest first, as LPT:
+    four small ones then a large one, on two trainers, end at 4 s (the large one beside the
+    four small ones), not at 6 s (in readiness order the large one comes last)."""
+    from dynaresize.orchestrator.streaming import train_session
+    from dynaresize.sim.clock import VirtualClock
+
+    clock = VirtualClock()
+    stream = _ready_stream([48, 48, 48, 48, 198])     # 100 tokens (1 s) x 4, then 400 (4 s)
+    trainers = [_Trainer(i, clock, stream, [False]) for i in range(2)]
+    clock.run(train_session(clock, _Events(), 0, stream, Holdings(), trainers,  # type: ignore
+                            asyncio.Event(), lambda: False))
+    assert clock.now() == pytest.approx(4.0)
+    assert trainers[0].took == [4] and trainers[1].took == [0, 1, 2, 3]
 
 
 def test_a_step_measures_the_spread_of_its_response_lengths() -> None:

@@ -179,8 +179,9 @@ class HysteresisConfig:
     resize_guess_s: float = _doc("Staleness 0: seconds a resize is assumed to take, until one "
                                  "was measured, when weighing lending rollout engines to "
                                  "training.", default=5.0)
-    release_tail: bool = _doc("Release idle rollout devices to training as the rollout tail "
-                              "thins.", default=True)
+    release_tail: bool = _doc("Staleness 0: lend every rollout device but one to training at "
+                              "the rollout's end when predicted to pay (they return at the "
+                              "next step).", default=True)
     tail_batch: int = _doc("Requests per engine that count as lightly loaded in the rollout "
                            "tail.", default=8)
     lend_min_cv: float = _doc("Staleness 0: lend rollout engines to training only when the "
