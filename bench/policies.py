@@ -13,7 +13,9 @@ In two processes (each writes its rows, then one merges them into the section):
 Every policy runs on the same workload with the same seed; the `static` row is the best split
 in hindsight (searched), `reference` the best fixed split with streaming training and
 pipelined rollouts (what users could configure by hand, searched), `oracle` the clairvoyant
-lower bound. Ratios are measured side by side in one run. Under the table: issue 19's
+lower bound. `hysteresis` starts from the static row's split; the last column runs it again
+from half and half (N/2 rollout devices), what a user gets without any search. Ratios are
+measured side by side in one run. Under the table: issue 19's
 acceptance criteria, each with its target (bench/acceptance.py), and what the split searches
 cost.
 """
@@ -116,6 +118,8 @@ def table_line(record: dict, steps: int) -> str:
     def ratio(p: str) -> str:
         return f"{thr['hysteresis'] / thr[p]:.3f}" if thr[p] > 0 else "-"
     saved = churn.get("saved_s_per_step")
+    half = (out.get("hysteresis_from_half") or {}).get("samples_per_s")
+    half_cell = "-" if not half else f"{half:.2f} ({half / thr['hysteresis']:.2f})"
     return (f"| {workload} ({requests} req/step{steps_note}) | {out['gpus']} "
             f"| {out['staleness']} | {(row_of(res, 'oracle') or {}).get('binds', '?')} "
             f"| {thr['static']:.2f} ({_split(row_of(res, 'static') or {})}) "
@@ -124,14 +128,14 @@ def table_line(record: dict, steps: int) -> str:
             f"| {thr['oracle']:.2f} | {ratio('static')} | {ratio('colocated')} "
             f"| {ratio('reference')} | {ratio('oracle')} "
             f"| {hyst.get('resizes_per_step', 0):.2f} | {hyst.get('resize_s_per_step', 0):.1f} "
-            f"| {'-' if saved is None else f'{saved:.1f}'} |")
+            f"| {'-' if saved is None else f'{saved:.1f}'} | {half_cell} |")
 
 
 HEADER = ["| workload | GPUs | s | oracle binds | static (split) | colocated | borrow "
           "| hysteresis | reference (split) | oracle | hyst / static | hyst / colocated "
           "| hyst / reference | hyst / oracle | resizes / step | resize s / step "
-          "| saved s / step vs reference |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| saved s / step vs reference | hysteresis from N/2 (/ hysteresis) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def run_case(case: int, staleness: int, steps: int, quick: bool = False) -> dict:
@@ -143,6 +147,11 @@ def run_case(case: int, staleness: int, steps: int, quick: bool = False) -> dict
     timings: dict[str, tuple[float, float]] = {}
     out = simulate(workload, gpus, POLICIES, steps=case_steps, staleness=staleness, seed=0,
                    requests_per_step=requests, timings=timings)
+    # what a user gets without searching: the controller started from half and half
+    half = simulate(workload, gpus, ("hysteresis",), steps=case_steps, staleness=staleness,
+                    seed=0, requests_per_step=requests, split=gpus // 2)["results"][0]
+    out["hysteresis_from_half"] = {k: half.get(k) for k in
+                                   ("samples_per_s", "resizes_per_step", "mean_rollout_devices")}
     tried = sum((row_of(out["results"], p) or {}).get("num_splits_tried", 0)
                 for p in ("static", "reference"))
     search_s = sum(timings.get(k, (0.0, 0.0))[0] for k in ("search", "reference-search"))
