@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.protocols import Clock, Device
+from dynaresize.rollout.deal import deal
 from dynaresize.rollout.handoff import HandOff
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ class RolloutRun(HandOff):
             self._slots[device.index] = slot
             heapq.heappush(self._free, (0, device.index))
             slot.task = asyncio.ensure_future(self._drive(slot))
-        self._dispatch()
+        self._dispatch(joined=True)
 
     async def stop_admission(self, device: Device) -> None:
         """Stop giving `device` work; return once its current slice is over."""
@@ -199,12 +200,15 @@ class RolloutRun(HandOff):
         if self.error is not None:
             raise self.error
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, joined: bool = False) -> None:
         """Give queued work to the least-loaded device with a free slot (ties: lowest index);
-        the queue's order is FIFO or `tail`'s."""
+        the queue's order is FIFO or `tail`'s. Devices that `joined` a FIFO run that waits
+        for more (`expected_devices`) are dealt their share (`rollout.deal`)."""
         if self.tail is not None and self.queue:
             self.tail.before_dispatch()
-        if len(self.queue) > len(self._slots) and len(self._free) > BULK_MIN_FREE:
+        if joined and self.tail is None and self.expected_devices is not None and self.queue:
+            self._dispatch_dealt(self.expected_devices())
+        elif len(self.queue) > len(self._slots) and len(self._free) > BULK_MIN_FREE:
             self._dispatch_bulk()
         else:
             self._dispatch_greedy()
@@ -217,6 +221,25 @@ class RolloutRun(HandOff):
             return self.max_running
         share = max(self.expected_devices(), len(self._slots), 1)
         return max(1, min(self.max_running, -(-self.remaining // share)))
+
+    def _dispatch_dealt(self, num_expected: int) -> None:
+        """`_dispatch` as one deal over the present devices and the `num_expected` minus
+        present still to come (`rollout.deal.deal`); rebuilds the candidate heap."""
+        limit, slots = self._limit(), self._slots
+        loads = {index: slot.load for index, slot in slots.items()
+                 if not slot.leaving and slot.load < limit}
+        num_present = sum(1 for slot in slots.values() if not slot.leaving)
+        given, kept = deal(list(self.queue), loads, max(0, num_expected - num_present), limit)
+        self.queue.clear()
+        self.queue.extend(kept)
+        for index, work in given.items():
+            slot = slots[index]
+            slot.pending.extend(work)
+            slot.load += len(work)
+            slot.wake.set()
+        self._free = [(slot.load, index) for index, slot in slots.items()
+                      if not slot.leaving and slot.load < limit]
+        heapq.heapify(self._free)
 
     def _dispatch_greedy(self) -> None:
         limit = self._limit()
