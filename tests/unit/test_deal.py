@@ -34,16 +34,19 @@ def test_deal_serves_lower_loads_first_and_caps_at_the_limit() -> None:
 
 
 def test_a_pipelined_run_deals_joiners_across_groups() -> None:
-    """Engines joining a run that expects more one at a time (a pipelined start) each get
-    requests of different groups (one deal over all of them), not a block of whole groups;
-    every request completes once."""
+    """Engines joining a pipelined run one at a time while the others are on their way each
+    get requests of different groups (one deal over all of them), not a block of whole
+    groups; every request completes once."""
     async def main() -> tuple[dict[int, list[int]], list[Completion]]:
         engines = [FakeEngine(i) for i in range(4)]
         run = RolloutRun(RealClock(), specs(40), max_running=16, slice_s=1.0,
                          on_completions=lambda c: None)
         run.expected_devices = lambda: 4
+        joined: set[int] = set()
+        run.arriving = lambda: {0, 1, 2, 3} - joined  # all on their way (loading weights)
         prompts = {}
         for engine in engines:  # one at a time, as they leave the previous step's tail
+            joined.add(engine.index)
             run.add_devices([engine])
             prompts[engine.index] = [w.prompt for w in run._slots[engine.index].pending]
         await run.wait()

@@ -107,6 +107,10 @@ class RolloutRun(HandOff):
         until then no device gets more than its share, ceil(remaining / expected), so the
         work waits in the queue for the devices still to come instead of in a few engines'
         waiting lists. None: up to `max_running` each."""
+        self.arriving: Callable[[], set[int]] | None = None
+        """Devices on their way to this run (left the previous step's tail or were free,
+        loading its version; pipelined): a device that joins while they are coming is dealt
+        its share over them too (`rollout.deal`). None: plain dispatch."""
         self._on_idle: Callable[[Device], None] | None = None
         """`hand_off`'s callback: where a device goes once nothing is left for it here."""
         self.pack_batch = 0
@@ -182,6 +186,7 @@ class RolloutRun(HandOff):
         step's requests and completions would wait for the cyclic GC (the twin pauses it)."""
         self.on_completions = _ignore
         self.on_device_lost = self.drain = self._on_idle = self.expected_devices = None
+        self.arriving = None
         self._slots.clear()
         self._free = []
 
@@ -206,8 +211,8 @@ class RolloutRun(HandOff):
         for more (`expected_devices`) are dealt their share (`rollout.deal`)."""
         if self.tail is not None and self.queue:
             self.tail.before_dispatch()
-        if joined and self.tail is None and self.expected_devices is not None and self.queue:
-            self._dispatch_dealt(self.expected_devices())
+        if joined and self.tail is None and self.arriving is not None and self.queue:
+            self._dispatch_dealt(len(self.arriving() - self._slots.keys()))
         elif len(self.queue) > len(self._slots) and len(self._free) > BULK_MIN_FREE:
             self._dispatch_bulk()
         else:
@@ -222,14 +227,13 @@ class RolloutRun(HandOff):
         share = max(self.expected_devices(), len(self._slots), 1)
         return max(1, min(self.max_running, -(-self.remaining // share)))
 
-    def _dispatch_dealt(self, num_expected: int) -> None:
-        """`_dispatch` as one deal over the present devices and the `num_expected` minus
-        present still to come (`rollout.deal.deal`); rebuilds the candidate heap."""
+    def _dispatch_dealt(self, num_arriving: int) -> None:
+        """`_dispatch` as one deal over the present devices and the `num_arriving` on their
+        way (`rollout.deal.deal`); rebuilds the candidate heap."""
         limit, slots = self._limit(), self._slots
         loads = {index: slot.load for index, slot in slots.items()
                  if not slot.leaving and slot.load < limit}
-        num_present = sum(1 for slot in slots.values() if not slot.leaving)
-        given, kept = deal(list(self.queue), loads, max(0, num_expected - num_present), limit)
+        given, kept = deal(list(self.queue), loads, num_arriving, limit)
         self.queue.clear()
         self.queue.extend(kept)
         for index, work in given.items():
