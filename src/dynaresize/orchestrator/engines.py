@@ -72,6 +72,11 @@ class EnginePool:
             busy.update(self.tail_run.devices())
         return busy
 
+    def arriving(self) -> set[int]:
+        """Devices on their way to the newest run: they left the previous tail or were free
+        and load its version (`RolloutRun.arriving`)."""
+        return {i for i in self._tail_devices if i >= 0}
+
     def _check_settled(self) -> None:
         if self.tail_run is None and not self._tail_devices:
             self._settled.set()

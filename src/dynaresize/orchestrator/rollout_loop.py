@@ -167,6 +167,7 @@ class RolloutLoop:
         self.engines.start_run(run)
         if self.pipelined:  # the previous tail's engines join later: keep their share queued
             run.expected_devices = self.engines.num_rollout_devices
+            run.arriving = self.engines.arriving
         run.add_devices(ready)
         self.board.post_width(step, len(self.state.allocation.rollout) if self.pipelined
                               else len(ready))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.protocols import Clock, Device
+from dynaresize.rollout.deal import deal
 from dynaresize.rollout.handoff import HandOff
 
 if TYPE_CHECKING:
@@ -106,6 +107,10 @@ class RolloutRun(HandOff):
         until then no device gets more than its share, ceil(remaining / expected), so the
         work waits in the queue for the devices still to come instead of in a few engines'
         waiting lists. None: up to `max_running` each."""
+        self.arriving: Callable[[], set[int]] | None = None
+        """Devices on their way to this run (left the previous step's tail or were free,
+        loading its version; pipelined): a device that joins while they are coming is dealt
+        its share over them too (`rollout.deal`). None: plain dispatch."""
         self._on_idle: Callable[[Device], None] | None = None
         """`hand_off`'s callback: where a device goes once nothing is left for it here."""
         self.pack_batch = 0
@@ -156,7 +161,7 @@ class RolloutRun(HandOff):
             self._slots[device.index] = slot
             heapq.heappush(self._free, (0, device.index))
             slot.task = asyncio.ensure_future(self._drive(slot))
-        self._dispatch()
+        self._dispatch(joined=True)
 
     async def stop_admission(self, device: Device) -> None:
         """Stop giving `device` work; return once its current slice is over."""
@@ -181,6 +186,7 @@ class RolloutRun(HandOff):
         step's requests and completions would wait for the cyclic GC (the twin pauses it)."""
         self.on_completions = _ignore
         self.on_device_lost = self.drain = self._on_idle = self.expected_devices = None
+        self.arriving = None
         self._slots.clear()
         self._free = []
 
@@ -199,12 +205,15 @@ class RolloutRun(HandOff):
         if self.error is not None:
             raise self.error
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, joined: bool = False) -> None:
         """Give queued work to the least-loaded device with a free slot (ties: lowest index);
-        the queue's order is FIFO or `tail`'s."""
+        the queue's order is FIFO or `tail`'s. Devices that `joined` a FIFO run that waits
+        for more (`expected_devices`) are dealt their share (`rollout.deal`)."""
         if self.tail is not None and self.queue:
             self.tail.before_dispatch()
-        if len(self.queue) > len(self._slots) and len(self._free) > BULK_MIN_FREE:
+        if joined and self.tail is None and self.arriving is not None and self.queue:
+            self._dispatch_dealt(len(self.arriving() - self._slots.keys()))
+        elif len(self.queue) > len(self._slots) and len(self._free) > BULK_MIN_FREE:
             self._dispatch_bulk()
         else:
             self._dispatch_greedy()
@@ -217,6 +226,24 @@ class RolloutRun(HandOff):
             return self.max_running
         share = max(self.expected_devices(), len(self._slots), 1)
         return max(1, min(self.max_running, -(-self.remaining // share)))
+
+    def _dispatch_dealt(self, num_arriving: int) -> None:
+        """`_dispatch` as one deal over the present devices and the `num_arriving` on their
+        way (`rollout.deal.deal`); rebuilds the candidate heap."""
+        limit, slots = self._limit(), self._slots
+        loads = {index: slot.load for index, slot in slots.items()
+                 if not slot.leaving and slot.load < limit}
+        given, kept = deal(list(self.queue), loads, num_arriving, limit)
+        self.queue.clear()
+        self.queue.extend(kept)
+        for index, work in given.items():
+            slot = slots[index]
+            slot.pending.extend(work)
+            slot.load += len(work)
+            slot.wake.set()
+        self._free = [(slot.load, index) for index, slot in slots.items()
+                      if not slot.leaving and slot.load < limit]
+        heapq.heapify(self._free)
 
     def _dispatch_greedy(self) -> None:
         limit = self._limit()

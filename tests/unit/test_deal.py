@@ -1,0 +1,57 @@
+"""`rollout.deal` and a pipelined `RolloutRun` whose engines join one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dynaresize.core.types import Completion
+from dynaresize.protocols import RealClock
+from dynaresize.rollout.deal import deal
+from dynaresize.rollout.scheduler import RolloutRun
+from tests.unit.test_rollout_run import FakeEngine, specs
+
+
+def test_engines_dealt_one_at_a_time_get_one_deal_over_all() -> None:
+    """The k-th engine to join takes what the k-th seat of one round-robin deal over every
+    expected engine gets: 512 requests over 42 engines, 8 hold 13 and 34 hold 12 (none
+    empty), and engine k gets requests k, k + 42, ..."""
+    queue, num_expected, limit = list(range(512)), 42, -(-512 // 42)
+    got: dict[int, list[int]] = {}
+    for k in range(num_expected):
+        given, queue = deal(queue, {k: 0}, num_expected - k - 1, limit)
+        got[k] = given.get(k, [])
+    assert not queue
+    assert all(got[k] == list(range(k, 512, num_expected)) for k in got)
+    assert sorted(len(v) for v in got.values()) == [12] * 34 + [13] * 8
+
+
+def test_deal_serves_lower_loads_first_and_caps_at_the_limit() -> None:
+    """Level by level from load 0: a seat still to come (load 0) reserves before an engine
+    that already holds work; nobody exceeds `limit`; what is over stays queued."""
+    given, kept = deal(list(range(10)), {3: 0, 5: 2}, 1, 3)
+    # level 0: engine 3, then the seat to come; level 1: the same; level 2: 3, 5, seat
+    assert given == {3: [0, 2, 4], 5: [5]} and kept == [1, 3, 6, 7, 8, 9]
+
+
+def test_a_pipelined_run_deals_joiners_across_groups() -> None:
+    """Engines joining a pipelined run one at a time while the others are on their way each
+    get requests of different groups (one deal over all of them), not a block of whole
+    groups; every request completes once."""
+    async def main() -> tuple[dict[int, list[int]], list[Completion]]:
+        engines = [FakeEngine(i) for i in range(4)]
+        run = RolloutRun(RealClock(), specs(40), max_running=16, slice_s=1.0,
+                         on_completions=lambda c: None)
+        run.expected_devices = lambda: 4
+        joined: set[int] = set()
+        run.arriving = lambda: {0, 1, 2, 3} - joined  # all on their way (loading weights)
+        prompts = {}
+        for engine in engines:  # one at a time, as they leave the previous step's tail
+            joined.add(engine.index)
+            run.add_devices([engine])
+            prompts[engine.index] = [w.prompt for w in run._slots[engine.index].pending]
+        await run.wait()
+        return prompts, run.completions
+
+    prompts, completions = asyncio.run(main())
+    assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(40))
+    assert all(len(p) == 10 and len(set(p)) == 10 for p in prompts.values())  # 10 groups each
