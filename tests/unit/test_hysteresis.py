@@ -12,7 +12,7 @@ from dynaresize.control.base import RunView, StepTiming
 from dynaresize.control.hysteresis.controller import HysteresisController, HysteresisParams
 from dynaresize.control.hysteresis.model import streamed_dev_s
 from dynaresize.control.hysteresis.split import trust_region
-from dynaresize.control.rollout_width import width_slope
+from dynaresize.control.rollout_width import WidthFit, width_slope
 from dynaresize.core.allocation import Allocation
 
 
@@ -35,9 +35,9 @@ def test_moves_devices_to_the_slower_stage_once_and_then_dwells() -> None:
     alloc = Allocation.initial(2, 6)          # rollout starved: 100 s vs train 10 s
     hist = [timing(0, 100.0, 10.0, 2, 6)]
     moves = ctl.at_step_start(view(1, alloc, hist))
-    # 200 rollout device-s, 60 train device-s: max(200/R, 60/(8-R)) is least at R = 6, but
-    # one move at most doubles the rollout stage (the trust region): R = 4
-    assert pairs(moves) == [("train->rollout", 2)]
+    # 200 rollout device-s, 60 train device-s: max(200/R, 60/(8-R)) is least at R = 6 (at
+    # staleness 1 no trust region: more engines cannot slow the rollout)
+    assert pairs(moves) == [("train->rollout", 4)]
     # right after a change, the dwell time forbids another one even if estimates move
     hist.append(timing(1, 20.0, 80.0, 7, 1))
     assert ctl.at_step_start(view(2, Allocation.initial(7, 1), hist)) == []
@@ -305,3 +305,18 @@ def test_pipelined_tail_time_per_engine_does_not_shrink_with_fewer_engines() -> 
 
     assert decide(600.0) == [("rollout->train", 1)]
     assert decide(0.0) == []
+
+
+def test_fewer_engines_than_measured_take_at_most_their_share_of_the_rollout() -> None:
+    """A floor fitted over nearby widths is not extrapolated far below them: a rollout whose
+    device-seconds grew with the width (8 and 10 engines: 10 s each) is not predicted to take
+    10 s on one engine; beyond half the narrowest width each engine takes its share of the
+    rollout there (that is what lets staleness >= 1 move without a trust region)."""
+    fit = WidthFit()
+    fit.add(8, 80.0)
+    fit.add(10, 100.0)
+    assert fit.slope == 10.0
+    assert fit.engine_s(100.0, 8) == pytest.approx(10.0)
+    assert fit.engine_s(100.0, 4) == pytest.approx(10.0)      # the floor, within reach
+    assert fit.engine_s(100.0, 1) == pytest.approx(40.0)      # 4 engines' work on one
+    assert fit.engine_s(100.0, 2) == pytest.approx(20.0)

@@ -12,11 +12,12 @@ plus the training left after it, the trainers streaming through the groups as th
 when lending.
 
 Decisions (streaming training on, `streams_training`):
-- inter-step (`at_step_start`): the split in the trust region (`split.trust_region`: neither
-  stage more than doubles or halves) that minimises the predicted step time; applied only if
-  it beats the current split by more than the `band`, saves over `horizon_steps` more than
-  `cost_margin` x a resize's cost, and the last change is at least `min_dwell_steps` old
-  (or the lending mode just changed: the split was chosen for the mode).
+- inter-step (`at_step_start`): the split (staleness 0: in the trust region,
+  `split.trust_region`: neither stage more than doubles or halves) that minimises the
+  predicted step time; applied only if it beats the current split by more than the
+  `band`, saves over `horizon_steps` more than `cost_margin` x a resize's cost, and the
+  last change is at least `min_dwell_steps` old (or the lending mode just changed: the
+  split was chosen for the mode).
   Devices lent in the previous step come back here (blocking at staleness 0, before the
   rollout starts). At staleness 0 the step's lending mode is chosen first (`Lending.pays`).
 - at rollout end, staleness 0, lending mode (`at_rollout_end`): every rollout engine but one
@@ -93,7 +94,10 @@ class HysteresisController(Controller):
         def predict_s(k: int) -> float:
             return model.predict_step_s(k, n, view.staleness)
 
-        lo, hi = trust_region(n, base)
+        # Staleness >= 1 needs no trust region: the rollout's model is an upper bound on the
+        # way down (`WidthFit.engine_s`), and on the way up it is optimistic only about a
+        # stage that more engines cannot slow (the training, predicted, bounds the step).
+        lo, hi = trust_region(n, base) if view.staleness == 0 else (1, n - 1)
         best = min(range(lo, hi + 1), key=lambda k: (predict_s(k), abs(k - base)))
         now_s = predict_s(base)
         gain_s = now_s - predict_s(best)
