@@ -17,11 +17,6 @@ WIDTH_WINDOW = 6
 with its width (`width_slope`)."""
 
 
-FLOOR_REACH = 2
-"""The fitted per-engine floor is extrapolated down to this factor below the narrowest width
-measured; below that, each engine takes its share of the rollout there (`WidthFit.engine_s`)."""
-
-
 def spans_widths(samples: deque[tuple[int, float]]) -> bool:
     """The samples hold two widths or more (a slope can be fitted)."""
     return len({w for w, _ in samples}) >= 2
@@ -65,20 +60,7 @@ class WidthFit:
     def engine_s(self, dev_s: float, width: int) -> float:
         """Seconds each of `width` engines spends on a rollout: the work divides, the
         per-engine floor (`slope`) does not. Anchored at the recent samples' mean while they
-        span two widths or more, else at `dev_s` (EMA) at their width.
-
-        More than `FLOOR_REACH` times narrower than any width measured, each engine takes its
-        share of the rollout at that reach: R engines could run the work of W > R serially in
-        W / R times as long, and batching only helps, so this bounds the rollout from above.
-        The floor extrapolated that far does not: a fit over nearby widths at its largest
-        slope claims one engine as fast as W (agentic, 32 GPUs, staleness 1, no trust
-        region: 18 -> 1 rollout device, 0.60x)."""
-        reach = min((w for w, _ in self.samples), default=width) / FLOOR_REACH
-        if width < reach:
-            return self._fit_s(dev_s, reach) * reach / width
-        return self._fit_s(dev_s, width)
-
-    def _fit_s(self, dev_s: float, width: float) -> float:
+        span two widths or more, else at `dev_s` (EMA) at their width."""
         if not self.samples:
             return dev_s / width
         if self._anchor is not None:
