@@ -17,10 +17,10 @@ from dynaresize.sim.workloads import resolve_workload
     ("dapo-7b", 1024, range(8, 13)), ("agentic", 512, range(8, 12))])
 def test_hysteresis_from_one_rollout_device_reaches_a_good_split(
         workload: str, requests: int, good: range) -> None:
-    """Staleness 1 from R = 1 of 16: the first move goes to where the stages balance (the
-    rollout measured at one width can only be slower than predicted on more engines, which
-    the training then bounds), not twice the width per move (which ended at R = 4 after
-    6 steps: static steps there 27-38% slower)."""
+    """Staleness 1 from R = 1 of 16: a move may more than double the rollout (more engines
+    cannot slow it; the training, which gives the devices, keeps half): 1 -> 7-8 -> 10-11.
+    With both stages held to a factor 2 per move it ended at R = 4 after 6 steps (static
+    steps there 27-38% slower)."""
     costs = get_cost_model("h100-7b")
     wl = resolve_workload(workload, seed=0, requests_per_step=requests)
     cfg = sim_config(wl, 1, 15, 6, 1, 0, costs)
