@@ -11,7 +11,7 @@ import pytest
 from dynaresize.control.base import RunView, StepTiming
 from dynaresize.control.hysteresis.controller import HysteresisController, HysteresisParams
 from dynaresize.control.hysteresis.model import streamed_dev_s
-from dynaresize.control.hysteresis.split import trust_region
+from dynaresize.control.hysteresis.split import donor_region, trust_region
 from dynaresize.control.rollout_width import width_slope
 from dynaresize.core.allocation import Allocation
 
@@ -35,9 +35,9 @@ def test_moves_devices_to_the_slower_stage_once_and_then_dwells() -> None:
     alloc = Allocation.initial(2, 6)          # rollout starved: 100 s vs train 10 s
     hist = [timing(0, 100.0, 10.0, 2, 6)]
     moves = ctl.at_step_start(view(1, alloc, hist))
-    # 200 rollout device-s, 60 train device-s: max(200/R, 60/(8-R)) is least at R = 6, but
-    # one move at most doubles the rollout stage (the trust region): R = 4
-    assert pairs(moves) == [("train->rollout", 2)]
+    # 200 rollout device-s, 60 train device-s: max(200/R, 60/(8-R)) is least at R = 6; at
+    # staleness 1 the rollout may more than double, but the training keeps half: R = 5
+    assert pairs(moves) == [("train->rollout", 3)]
     # right after a change, the dwell time forbids another one even if estimates move
     hist.append(timing(1, 20.0, 80.0, 7, 1))
     assert ctl.at_step_start(view(2, Allocation.initial(7, 1), hist)) == []
@@ -49,6 +49,9 @@ def test_one_move_at_most_doubles_or_halves_either_stage() -> None:
     assert trust_region(128, 25) == (13, 50)   # R <= 50 (T >= 52)
     assert trust_region(8, 2) == (1, 4)
     assert trust_region(8, 6) == (4, 7)        # T <= 4
+    # staleness >= 1: only the stage that gives devices keeps half (the model bounds the rest)
+    assert donor_region(8, 2) == (1, 5)
+    assert donor_region(128, 25) == (13, 76)
 
 
 def test_rollout_seconds_that_do_not_divide_with_the_width_are_learned() -> None:
@@ -305,3 +308,4 @@ def test_pipelined_tail_time_per_engine_does_not_shrink_with_fewer_engines() -> 
 
     assert decide(600.0) == [("rollout->train", 1)]
     assert decide(0.0) == []
+

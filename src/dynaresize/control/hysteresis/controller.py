@@ -12,11 +12,13 @@ plus the training left after it, the trainers streaming through the groups as th
 when lending.
 
 Decisions (streaming training on, `streams_training`):
-- inter-step (`at_step_start`): the split in the trust region (`split.trust_region`: neither
-  stage more than doubles or halves) that minimises the predicted step time; applied only if
-  it beats the current split by more than the `band`, saves over `horizon_steps` more than
-  `cost_margin` x a resize's cost, and the last change is at least `min_dwell_steps` old
-  (or the lending mode just changed: the split was chosen for the mode).
+- inter-step (`at_step_start`): the split in the trust region (staleness 0,
+  `split.trust_region`: neither stage more than doubles or halves; staleness >= 1,
+  `split.donor_region`: the stage giving devices keeps half) that minimises the
+  predicted step time; applied only if it beats the current split by more than the
+  `band`, saves over `horizon_steps` more than `cost_margin` x a resize's cost, and the
+  last change is at least `min_dwell_steps` old (or the lending mode just changed: the
+  split was chosen for the mode).
   Devices lent in the previous step come back here (blocking at staleness 0, before the
   rollout starts). At staleness 0 the step's lending mode is chosen first (`Lending.pays`).
 - at rollout end, staleness 0, lending mode (`at_rollout_end`): every rollout engine but one
@@ -29,7 +31,7 @@ from dynaresize.config import Config
 from dynaresize.control.base import Controller, Move, RunView
 from dynaresize.control.hysteresis.lend import Lending
 from dynaresize.control.hysteresis.model import HysteresisParams, StageModel
-from dynaresize.control.hysteresis.split import moves_to, trust_region
+from dynaresize.control.hysteresis.split import donor_region, moves_to, trust_region
 
 __all__ = ["HysteresisController", "HysteresisParams"]
 
@@ -93,7 +95,9 @@ class HysteresisController(Controller):
         def predict_s(k: int) -> float:
             return model.predict_step_s(k, n, view.staleness)
 
-        lo, hi = trust_region(n, base)
+        # Staleness >= 1 (max of the stages): the stage that receives devices cannot get
+        # slower than now, the one that gives them stays where its fit holds.
+        lo, hi = (trust_region if view.staleness == 0 else donor_region)(n, base)
         best = min(range(lo, hi + 1), key=lambda k: (predict_s(k), abs(k - base)))
         now_s = predict_s(base)
         gain_s = now_s - predict_s(best)

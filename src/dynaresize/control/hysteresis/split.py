@@ -21,6 +21,14 @@ def trust_region(num_devices: int, base: int) -> tuple[int, int]:
             min(num_devices - 1, f * base, num_devices - math.ceil(t / f)))
 
 
+def donor_region(num_devices: int, base: int) -> tuple[int, int]:
+    """The rollout widths (lowest, highest) one change may reach from `base` at staleness
+    >= 1: the stage that gives devices keeps at least half of them (the gain the model
+    predicts on the other stage may not come; the donor's loss then does)."""
+    t, f = num_devices - base, TRUST_FACTOR
+    return max(1, math.ceil(base / f)), num_devices - math.ceil(t / f)
+
+
 def moves_to(num_rollout: int, target: int, blocking: bool = False) -> list[Move]:
     """The move from `num_rollout` rollout devices to `target` (none if equal)."""
     if target > num_rollout:
