@@ -1,4 +1,4 @@
-"""`rollout.deal` and a pipelined `RolloutRun` whose engines join one at a time."""
+"""`rollout.deal.seats` and a pipelined `RolloutRun` whose engines join one at a time."""
 
 from __future__ import annotations
 
@@ -6,9 +6,21 @@ import asyncio
 
 from dynaresize.core.types import Completion
 from dynaresize.protocols import RealClock
-from dynaresize.rollout.deal import deal
+from dynaresize.rollout.deal import seats
 from dynaresize.rollout.scheduler import RolloutRun
 from tests.unit.test_rollout_run import FakeEngine, specs
+
+
+def deal(queue: list[int], loads: dict[int, int], num_coming: int, limit: int
+         ) -> tuple[dict[int, list[int]], list[int]]:
+    """`seats` applied to a list: (requests each present engine gets, what stays queued, in
+    queue order)."""
+    plan = seats(loads, num_coming, limit, len(queue))
+    given: dict[int, list[int]] = {}
+    kept: list[int] = []
+    for request, index in zip(queue, plan):
+        (kept if index is None else given.setdefault(index, [])).append(request)
+    return given, kept + queue[len(plan):]
 
 
 def test_engines_dealt_one_at_a_time_get_one_deal_over_all() -> None:

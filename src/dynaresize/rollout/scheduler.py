@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.protocols import Clock, Device
-from dynaresize.rollout.deal import deal
+from dynaresize.rollout.deal import seats
 from dynaresize.rollout.handoff import HandOff
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ class RolloutRun(HandOff):
         if self.tail is not None and self.queue:
             self.tail.before_dispatch()
         if joined and self.tail is None and self.arriving is not None and self.queue:
-            self._dispatch_dealt(len(self.arriving() - self._slots.keys()))
+            self._dispatch_bulk(len(self.arriving() - self._slots.keys()))
         elif len(self.queue) > len(self._slots) and len(self._free) > BULK_MIN_FREE:
             self._dispatch_bulk()
         else:
@@ -226,24 +226,6 @@ class RolloutRun(HandOff):
             return self.max_running
         share = max(self.expected_devices(), len(self._slots), 1)
         return max(1, min(self.max_running, -(-self.remaining // share)))
-
-    def _dispatch_dealt(self, num_arriving: int) -> None:
-        """`_dispatch` as one deal over the present devices and the `num_arriving` on their
-        way (`rollout.deal.deal`); rebuilds the candidate heap."""
-        limit, slots = self._limit(), self._slots
-        loads = {index: slot.load for index, slot in slots.items()
-                 if not slot.leaving and slot.load < limit}
-        given, kept = deal(list(self.queue), loads, num_arriving, limit)
-        self.queue.clear()
-        self.queue.extend(kept)
-        for index, work in given.items():
-            slot = slots[index]
-            slot.pending.extend(work)
-            slot.load += len(work)
-            slot.wake.set()
-        self._free = [(slot.load, index) for index, slot in slots.items()
-                      if not slot.leaving and slot.load < limit]
-        heapq.heapify(self._free)
 
     def _dispatch_greedy(self) -> None:
         limit = self._limit()
@@ -259,36 +241,25 @@ class RolloutRun(HandOff):
             if slot.load < limit:
                 heapq.heappush(self._free, (slot.load, index))
 
-    def _dispatch_bulk(self) -> None:
-        """`_dispatch` for a long queue, the same assignment in O(queue + devices log devices):
-        the greedy fills device slots in (load, device index) order, i.e. level by level
-        from the lowest load, each level in device order. Rebuilds the candidate heap."""
-        limit = self._limit()
-        candidates = sorted((slot.load, index) for index, slot in self._slots.items()
-                            if not slot.leaving and slot.load < limit)
-        queue, slots, tail = self.queue, self._slots, self.tail
-        active: list[_Slot] = []
-        touched: list[_Slot] = []
-        j, level = 0, candidates[0][0] if candidates else limit
-        while queue and level < limit and (active or j < len(candidates)):
-            if not active:
-                level = max(level, candidates[j][0])
-            if j < len(candidates) and candidates[j][0] <= level:
-                while j < len(candidates) and candidates[j][0] <= level:
-                    active.append(slots[candidates[j][1]])
-                    j += 1
-                active.sort(key=lambda slot: slot.device.index)
-                touched = active[:]
-            for slot in active:  # every active slot holds `level` requests now
-                if not queue:
-                    break
-                slot.pending.append(queue.popleft() if tail is None
-                                    else tail.take(slot.device.index))
-                slot.load += 1
-            level += 1
-        for slot in touched:
-            if slot.pending:
-                slot.wake.set()
+    def _dispatch_bulk(self, num_coming: int = 0) -> None:
+        """`_dispatch` for a long queue, the greedy's assignment in O(dispatched + devices log
+        devices): the greedy fills device slots in (load, device index) order, i.e. level by
+        level from the lowest load, each level in device order (`rollout.deal.seats`);
+        `num_coming` devices on their way hold seats whose requests stay queued for them.
+        Rebuilds the candidate heap."""
+        limit, slots, queue, tail = self._limit(), self._slots, self.queue, self.tail
+        loads = {index: slot.load for index, slot in slots.items()
+                 if not slot.leaving and slot.load < limit}
+        kept: list[Work] = []
+        for index in seats(loads, num_coming, limit, len(queue)):
+            if index is None:  # a seat to come: the request waits for it, in queue order
+                kept.append(queue.popleft())
+                continue
+            slot = slots[index]
+            slot.pending.append(queue.popleft() if tail is None else tail.take(index))
+            slot.load += 1
+            slot.wake.set()
+        queue.extendleft(reversed(kept))
         self._free = [(slot.load, index) for index, slot in slots.items()
                       if not slot.leaving and slot.load < limit]
         heapq.heapify(self._free)
