@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dynaresize.control.registry import POLICIES
 from dynaresize.sim import split_search
 from dynaresize.sim.colocated import run_colocated
@@ -127,16 +125,14 @@ class _Analytic:
 
 
 def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
-                 costs: CostModel, probe_steps: int | None = None,
-                 policy: str = "static") -> tuple[int, int]:
+                 costs: CostModel, policy: str = "static") -> tuple[int, int]:
     """The best static split of `policy` (`static`, or a controller that never moves:
-    `fixed`), searched by `split_search.search_best_split` over probes of `probe_steps` steps
-    (default `split_search.probe_steps`: 3 + staleness). Returns (best number of rollout
+    `fixed`), searched by `split_search.search_best_split` over probes of
+    `split_search.probe_steps` (3 + staleness steps). Returns (best number of rollout
     devices, number of splits simulated)."""
     if gpus < 2:
         raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
-    picked = (split_search.probe_steps(steps, staleness) if probe_steps is None else
-              sorted({int(k) for k in np.linspace(0, steps - 1, min(steps, probe_steps))}))
+    picked = split_search.probe_steps(steps, staleness)
     probe = StepSubset(workload, picked)
     analytic = _Analytic(costs, workload, picked)
     start = min(range(1, gpus), key=lambda r: analytic(gpus, r, staleness))
