@@ -21,14 +21,12 @@ never while a resize is pending: a resize first waits until one step rolls out
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
 
 from dynaresize.config import Config
 from dynaresize.control.base import Controller
 from dynaresize.core.rundir import RunDir
-from dynaresize.core.samples import assemble_step
-from dynaresize.core.stream import StepStream
-from dynaresize.core.types import Completion, RequestSpec, request_seed
+from dynaresize.core.types import Completion
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.engines import EnginePool
@@ -37,6 +35,7 @@ from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.source import PromptSource
 from dynaresize.orchestrator.state import RunState
+from dynaresize.orchestrator.step_rollout import RolloutSettings, StepRollout
 from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.orchestrator.view import RunViews
 from dynaresize.protocols import Clock, Device
@@ -50,7 +49,7 @@ class RolloutLoop:
                  view: RunViews, source: PromptSource, clock: Clock, rundir: RunDir,
                  background: Background, injector: FaultInjector | None, streaming: bool,
                  pipelined: bool, switch: RoleSwitch) -> None:
-        self.cfg = cfg
+        self.settings = RolloutSettings.from_config(cfg)
         self.state = state
         self.board = board
         self.engines = engines
@@ -72,12 +71,14 @@ class RolloutLoop:
 
     async def run(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
-        cfg, state, engines, resizer = self.cfg, self.state, self.engines, self.resizer
+        settings, state, engines, resizer = self.settings, self.state, self.engines, self.resizer
         ending: asyncio.Task[None] | None = None
-        for step in range(state.start_step, cfg.run.steps):
+        for step in range(state.start_step, settings.steps):
             state.step = step
-            fired: list[asyncio.Future[Any]] = []
-            version = max(0, step - cfg.run.staleness)
+            prompts = self.source.batch(step, settings.prompts_per_step, settings.seed)
+            rollout = StepRollout(step, settings, list(prompts), self.source, self.clock,
+                                  self.streaming)
+            version = rollout.version
             handle = await state.versions.wait(version)  # the controller sees that step's timing
             # what a device a step-start resize brings to the rollout loads (`current_weights`;
             # the previous step's version may be gone from the store by now)
@@ -89,7 +90,7 @@ class RolloutLoop:
                         ending = None
                     await resizer.resize(move.move, move.num_devices, step)
                 else:  # applied when the boundary comes; devices join the running step
-                    fired.append(resizer.resize_soon(move, step))
+                    rollout.fire(resizer.resize_soon(move, step))
             if ending is not None and resizer.num_requested:
                 await ending  # no pipelining while a resize is pending
                 ending = None
@@ -99,81 +100,77 @@ class RolloutLoop:
             await engines.load_version(version, handle, ready)
             # a resize may have taken an engine out while the weights loaded
             ready = [d for d in ready if d.index not in engines.leaving]
-            run, started_s, by_id, rewards = self._start_run(step, version, fired, ready)
+            run = self._start(rollout, ready)
             engines.adopt_free_engines(run)
             engines.hand_off_tail()
-            if self.pipelined and step + 1 < cfg.run.steps:
+            last = step + 1 >= settings.steps
+            if self.pipelined and not last:
                 await run.drained.wait()
             if ending is not None:
                 await ending  # at most two steps roll out at once
                 ending = None
-            if self.pipelined and step + 1 < cfg.run.steps and not resizer.num_requested:
+            if self.pipelined and not last and not resizer.num_requested:
                 engines.keep_tail(run)  # the loop moves on; this step ends in the background
-                ending = self.background.spawn(self._end_rollout(step, version, run, started_s,
-                                                                 by_id, rewards, fired))
+                ending = self.background.spawn(self._end(rollout))
             else:
-                await self._end_rollout(step, version, run, started_s, by_id, rewards, fired)
+                await self._end(rollout)
         if ending is not None:
             await ending
         self.background.finish()
 
-    def _start_run(self, step: int, version: int, fired: list[asyncio.Future[Any]],
-                   ready: list[Device]) -> tuple[RolloutRun, float, dict, dict]:
-        """Create step `step`'s RolloutRun on `ready` engines (others join later)."""
-        cfg = self.cfg
-        prompts = list(self.source.batch(step, cfg.task.prompts_per_step, cfg.run.seed))
-        by_id = {p.id: p for p in prompts}
-        specs = [RequestSpec(step=step, prompt=p.id, sample=j, version=version,
-                             prompt_tokens=tuple(p.tokens),
-                             max_new_tokens=cfg.task.max_new_tokens,
-                             seed=request_seed(cfg.run.seed, step, p.id, j),
-                             temperature=cfg.rollout.temperature)
-                 for p in prompts for j in range(cfg.task.samples_per_prompt)]
-        rewards: dict[tuple[int, int], float] = {}
-        stream = None
-        if self.streaming:
-            stream = StepStream(step, version, list(by_id), cfg.task.samples_per_prompt,
-                                cfg.train.micro_batch_size,
-                                cfg.train.max_tokens_per_micro_batch)
-            self.board.post_stream(step, stream)
-        holder: list[RolloutRun] = []
-        changed = self.board.changed
+    def _start(self, rollout: StepRollout, ready: list[Device]) -> RolloutRun:
+        """Start `rollout`'s RolloutRun on `ready` engines (others join later)."""
+        settings = self.settings
+        if rollout.stream is not None:
+            self.board.post_stream(rollout.step, rollout.stream)
 
-        def on_done(done: list[Completion]) -> None:
-            for c in done:
-                key = (c.spec.prompt, c.spec.sample)
-                rewards[key] = self.source.reward(by_id[c.spec.prompt], list(c.tokens))
-                if stream is not None and stream.add(c, rewards[key], self.clock.now()):
-                    changed.set()
-            if self.injector is not None:
-                self.injector.at_rollout(step, holder[0].num_finished / holder[0].total)
-            if not getattr(self.controller, "needs_progress", True) \
-                    or holder[0] is not self.engines.run:
-                return
-            for move in self.controller.on_rollout_progress(self.view()):
-                fired.append(self.resizer.resize_soon(move, step))
+        def make_run(rollout: StepRollout) -> RolloutRun:
+            run = RolloutRun(self.clock, rollout.specs, settings.max_running_requests,
+                             settings.slice_s, self._on_completions(rollout),
+                             self._on_lost(rollout), drain=self._may_drain)
+            run.version = rollout.version
+            run.light_batch = settings.tail_batch
+            run.pack_batch = settings.pack_batch  # acts once the run hands off
+            if settings.tail_policy != "off":
+                run.tail = TailPolicy(run, spread=settings.tail_policy == "spread"
+                                      and not self.pipelined, may_spread=self._may_spread)
+            return run
 
-        started_s = self.state.rollout_started_s = self.clock.now()
-        run = RolloutRun(self.clock, specs, cfg.rollout.max_running_requests,
-                         cfg.rollout.slice_s, on_done, self._on_lost(holder, version),
-                         drain=self._may_drain)
-        holder.append(run)
-        run.version = version
-        run.light_batch = cfg.controller.hysteresis.tail_batch
-        run.pack_batch = cfg.rollout.pack_batch  # acts once the run hands off
-        if cfg.rollout.tail_policy != "off":
-            run.tail = TailPolicy(run, spread=cfg.rollout.tail_policy == "spread"
-                                  and not self.pipelined, may_spread=self._may_spread)
+        run = rollout.start(make_run)
+        self.state.rollout_started_s = rollout.started_s
         self.engines.start_run(run)
         if self.pipelined:  # the previous tail's engines join later: keep their share queued
             run.expected_devices = self.engines.num_rollout_devices
             run.arriving = self.engines.arriving
         run.add_devices(ready)
-        self.board.post_width(step, len(self.state.allocation.rollout) if self.pipelined
+        self.board.post_width(rollout.step, len(self.state.allocation.rollout) if self.pipelined
                               else len(ready))
-        return run, started_s, by_id, rewards
+        return run
 
-    def _on_lost(self, holder: list[RolloutRun], version: int) -> Any:
+    def _on_completions(self, rollout: StepRollout) -> Callable[[list[Completion]], None]:
+        """The run's completion stream: the step takes its completions (rewards, streamed
+        micro-batches), then the watchers see the progress."""
+        changed = self.board.changed
+
+        def on_completions(done: list[Completion]) -> None:
+            if rollout.receive(done):
+                changed.set()
+            self._watch(rollout)
+        return on_completions
+
+    def _watch(self, rollout: StepRollout) -> None:
+        """Progress for the watchers: fault kills at a share of the rollout, the
+        controller's progress moves (only for the newest step's run)."""
+        if self.injector is not None:
+            self.injector.at_rollout(rollout.step, rollout.progress())
+        if not getattr(self.controller, "needs_progress", True) \
+                or rollout.run is not self.engines.run:
+            return
+        for move in self.controller.on_rollout_progress(self.view()):
+            rollout.fire(self.resizer.resize_soon(move, rollout.step))
+
+    def _on_lost(self, rollout: StepRollout
+                 ) -> Callable[[Device, BaseException], bool] | None:
         """RolloutRun's `on_device_lost`: recovery decides; if the device was the previous
         step's last engine and work is left there, an engine of the newest step takes over."""
         if not self.recovery.enabled:
@@ -183,9 +180,10 @@ class RolloutLoop:
         def lost(device: Device, exc: BaseException) -> bool:
             if not recovery.on_rollout_lost(device, exc):
                 return False
-            run = holder[0]
-            if run is engines.tail_run and run.remaining and not run.devices():
-                engines.rescue_tail(run, version, device.index)
+            run = rollout.run
+            if run is not None and run is engines.tail_run and run.remaining \
+                    and not run.devices():
+                engines.rescue_tail(run, rollout.version, device.index)
             return True
         return lost
 
@@ -201,32 +199,21 @@ class RolloutLoop:
         return (not getattr(self.controller, "needs_progress", True) and self.injector is None
                 and self.resizer.num_pending == 0 and not self.streaming)
 
-    async def _end_rollout(self, step: int, version: int, run: RolloutRun, started_s: float,
-                           by_id: dict, rewards: dict, fired: list[asyncio.Future[Any]]) -> None:
+    async def _end(self, rollout: StepRollout) -> None:
         """Wait for the step's last request, post its samples for the train loop, apply the
         rollout-end moves and wait for every resize the step fired."""
-        cfg = self.cfg
+        run = rollout.run
+        assert run is not None
         await run.wait()
         self.engines.end_run(run)
-        rollout_s = self.clock.now() - started_s
         for device, (a, b) in run.busy_s.items():
-            self.rundir.event(a, b, device, "rollout", critical=True, step=step)
-        expected = {(p, j) for p in by_id for j in range(cfg.task.samples_per_prompt)}
-        stream = self.board.posted_stream(step)
-        built = stream.samples if stream is not None else None
-        got = assemble_step(step, version, expected, run.completions, rewards, rollout_s,
-                            cfg.output.record_tokens, built)
-        got.rollout_device_s = sum(b - a for a, b in run.busy_s.values())
-        got.rollout_tail_device_s = run.tail_device_s()
-        if built is not None:
-            got.ready_profile = stream.ready_profile(started_s, self.clock.now())
+            self.rundir.event(a, b, device, "rollout", critical=True, step=rollout.step)
+        got = rollout.assemble()
         self.num_migrated += run.num_migrated
         self.rundir.samples(got.records)
-        self.board.post_samples(step, got)
+        self.board.post_samples(rollout.step, got)
         run.close()
-        pending = [f for f in fired if not f.done()]
-        if pending:  # the controller decides on the allocation they leave (errors: below)
-            await asyncio.wait(pending)
+        await rollout.settle_moves()  # the controller decides on the allocation they leave
         for move in self.controller.at_rollout_end(self.view()):
-            fired.append(self.resizer.resize_soon(move, step))
-        await asyncio.gather(*fired)
+            rollout.fire(self.resizer.resize_soon(move, rollout.step))
+        await rollout.finish_moves()

@@ -1,0 +1,171 @@
+"""One step's rollout, with one owner: `StepRollout`.
+
+A request's path through it, in order: `StepRollout` makes the step's prompts into request
+specs (`requests`), the `RolloutRun` it was started with runs them on the engines and hands
+each batch of completions back (`receive`: the reward of every completion, the streamed
+micro-batches); then the rollout loop's watchers see the progress (fault kills, controller
+moves, whose resizes the step keeps in `fired`); once the run ended,
+`assemble` turns the completions and rewards into the step's samples and records.
+
+The policy version a step samples from is `RolloutSettings.version_for(step)`, nowhere else.
+A step's prompt set is `prompts`; `add_prompts` grows it by another round (its requests go to
+the same run), and `expected` follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dynaresize.config import Config
+from dynaresize.core.samples import StepSamples, assemble_step
+from dynaresize.core.stream import StepStream
+from dynaresize.core.types import Completion, RequestSpec, request_seed
+from dynaresize.orchestrator.source import PromptLike, PromptSource
+from dynaresize.protocols import Clock
+from dynaresize.rollout.scheduler import RolloutRun
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What the rollout side reads of the config (`from_config`), frozen."""
+
+    steps: int
+    staleness: int
+    seed: int
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_new_tokens: int
+    temperature: float
+    micro_batch_size: int
+    max_tokens_per_micro_batch: int
+    max_running_requests: int
+    slice_s: float
+    tail_batch: int
+    pack_batch: int
+    tail_policy: str
+    record_tokens: bool
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> RolloutSettings:
+        return cls(steps=cfg.run.steps, staleness=cfg.run.staleness, seed=cfg.run.seed,
+                   prompts_per_step=cfg.task.prompts_per_step,
+                   samples_per_prompt=cfg.task.samples_per_prompt,
+                   max_new_tokens=cfg.task.max_new_tokens,
+                   temperature=cfg.rollout.temperature,
+                   micro_batch_size=cfg.train.micro_batch_size,
+                   max_tokens_per_micro_batch=cfg.train.max_tokens_per_micro_batch,
+                   max_running_requests=cfg.rollout.max_running_requests,
+                   slice_s=cfg.rollout.slice_s,
+                   tail_batch=cfg.controller.hysteresis.tail_batch,
+                   pack_batch=cfg.rollout.pack_batch, tail_policy=cfg.rollout.tail_policy,
+                   record_tokens=cfg.output.record_tokens)
+
+    def version_for(self, step: int) -> int:
+        """The policy version step `step` samples from: max(0, step - staleness)."""
+        return max(0, step - self.staleness)
+
+
+class StepRollout:
+    """Step `step`'s rollout (module docstring). Written only through its own methods."""
+
+    def __init__(self, step: int, settings: RolloutSettings, prompts: Sequence[PromptLike],
+                 source: PromptSource, clock: Clock, streaming: bool) -> None:
+        self.step = step
+        self.version = settings.version_for(step)
+        self.settings = settings
+        self.source = source
+        self.clock = clock
+        self.prompts: dict[int, PromptLike] = {p.id: p for p in prompts}
+        self.specs: list[RequestSpec] = self.requests(prompts)
+        self.rewards: dict[tuple[int, int], float] = {}
+        self.stream: StepStream | None = None
+        if streaming:
+            self.stream = StepStream(step, self.version, list(self.prompts),
+                                     settings.samples_per_prompt, settings.micro_batch_size,
+                                     settings.max_tokens_per_micro_batch)
+        self.fired: list[asyncio.Future[Any]] = []
+        """Resizes the step's moves started (the rollout end waits for them)."""
+        self.run: RolloutRun | None = None
+        self.started_s = 0.0
+
+    def requests(self, prompts: Sequence[PromptLike]) -> list[RequestSpec]:
+        """The request specs of `prompts`: `samples_per_prompt` each, seeded by
+        (seed, step, prompt, sample), all of the step's version."""
+        s = self.settings
+        return [RequestSpec(step=self.step, prompt=p.id, sample=j, version=self.version,
+                            prompt_tokens=tuple(p.tokens), max_new_tokens=s.max_new_tokens,
+                            seed=request_seed(s.seed, self.step, p.id, j),
+                            temperature=s.temperature)
+                for p in prompts for j in range(s.samples_per_prompt)]
+
+    def add_prompts(self, prompts: Sequence[PromptLike]) -> list[RequestSpec]:
+        """Another round of prompts for this step (not yet used: dynamic sampling); returns
+        their requests, which the caller hands to the running `RolloutRun`."""
+        new = [p for p in prompts if p.id not in self.prompts]
+        self.prompts.update((p.id, p) for p in new)
+        specs = self.requests(new)
+        self.specs.extend(specs)
+        return specs
+
+    def expected(self) -> set[tuple[int, int]]:
+        """Every (prompt, sample) the step's samples must hold."""
+        n = self.settings.samples_per_prompt
+        return {(p, j) for p in self.prompts for j in range(n)}
+
+    def start(self, make_run: Callable[[StepRollout], RolloutRun]) -> RolloutRun:
+        """Start the step's run (`make_run(self)` builds it complete, `receive` as its
+        completion stream): from now on the rollout's time counts."""
+        self.started_s = self.clock.now()
+        self.run = make_run(self)
+        return self.run
+
+    def receive(self, done: list[Completion]) -> bool:
+        """Completions from the run: reward each, add it to the stream. Returns whether
+        streamed micro-batches became ready."""
+        changed = False
+        stream = self.stream
+        for c in done:
+            key = (c.spec.prompt, c.spec.sample)
+            reward = self.rewards[key] = self.source.reward(self.prompts[c.spec.prompt],
+                                                            list(c.tokens))
+            if stream is not None and stream.add(c, reward, self.clock.now()):
+                changed = True
+        return changed
+
+    def fire(self, resize: asyncio.Future[Any]) -> None:
+        """A resize the step's moves started."""
+        self.fired.append(resize)
+
+    def progress(self) -> float:
+        """The share of the run's requests finished."""
+        assert self.run is not None
+        return self.run.num_finished / self.run.total
+
+    def assemble(self) -> StepSamples:
+        """The ended run's samples and records (raises if one is missing or extra)."""
+        run = self.run
+        assert run is not None
+        end_s = self.clock.now()
+        stream = self.stream
+        got = assemble_step(self.step, self.version, self.expected(), run.completions,
+                            self.rewards, end_s - self.started_s, self.settings.record_tokens,
+                            stream.samples if stream is not None else None)
+        return dataclasses.replace(
+            got, rollout_device_s=sum(b - a for a, b in run.busy_s.values()),
+            rollout_tail_device_s=run.tail_device_s(),
+            ready_profile=stream.ready_profile(self.started_s, self.clock.now())
+            if stream is not None else ())
+
+    async def settle_moves(self) -> None:
+        """Wait for the resizes fired so far (their errors surface in `finish_moves`)."""
+        pending = [f for f in self.fired if not f.done()]
+        if pending:
+            await asyncio.wait(pending)
+
+    async def finish_moves(self) -> None:
+        """Wait for every resize the step fired; raise the first error."""
+        await asyncio.gather(*self.fired)
