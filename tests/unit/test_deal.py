@@ -7,8 +7,8 @@ import asyncio
 from dynaresize.core.types import Completion
 from dynaresize.protocols import RealClock
 from dynaresize.rollout.deal import seats
-from dynaresize.rollout.scheduler import RolloutRun
-from tests.unit.test_rollout_run import FakeEngine, specs
+from dynaresize.rollout.run import RolloutRun, RunSettings
+from tests.unit.test_rollout_run import Arrivals, FakeEngine, specs
 
 
 def deal(queue: list[int], loads: dict[int, int], num_coming: int, limit: int
@@ -51,16 +51,14 @@ def test_a_pipelined_run_deals_joiners_across_groups() -> None:
     groups; every request completes once."""
     async def main() -> tuple[dict[int, list[int]], list[Completion]]:
         engines = [FakeEngine(i) for i in range(4)]
-        run = RolloutRun(RealClock(), specs(40), max_running=16, slice_s=1.0,
-                         on_completions=lambda c: None)
-        run.expected_devices = lambda: 4
-        joined: set[int] = set()
-        run.arriving = lambda: {0, 1, 2, 3} - joined  # all on their way (loading weights)
+        coming = {0, 1, 2, 3}  # all on their way (loading weights)
+        run = RolloutRun(RealClock(), specs(40), RunSettings(0, 16, 1.0),
+                         on_completions=lambda c: None, arrivals=Arrivals(4, coming))
         prompts = {}
         for engine in engines:  # one at a time, as they leave the previous step's tail
-            joined.add(engine.index)
+            coming.discard(engine.index)
             run.add_devices([engine])
-            prompts[engine.index] = [w.prompt for w in run._slots[engine.index].pending]
+            prompts[engine.index] = [w.prompt for w in run.pending_of(engine.index)]
         await run.wait()
         return prompts, run.completions
 

@@ -23,6 +23,7 @@ class Alternate:
     """Every step start: move one device, alternating direction (non-blocking)."""
 
     needs_progress = True
+    streams_training = False
 
     def __init__(self, mid_rollout: bool) -> None:
         self.mid_rollout = mid_rollout
@@ -169,13 +170,12 @@ class _DeathsOnly:
 
     enabled = True
 
-    def __init__(self, faults, state, engines, executor, stepper, clock,  # type: ignore
+    def __init__(self, faults, state, engines, fence, stepper, clock,  # type: ignore
                  rundir) -> None:
-        self.state, self.executor = state, executor
+        self.fence = fence
 
     def on_rollout_lost(self, device, exc) -> bool:  # type: ignore[no-untyped-def]
-        self.state.fence(device.index)
-        self.executor.lost.add(device.index)
+        self.fence(device.index)
         return True
 
     def find_dead(self, how: str) -> bool:
@@ -260,6 +260,7 @@ class LateMove:
     """Moves a device as the last request finishes; records what the rollout end saw."""
 
     needs_progress = True
+    streams_training = False
 
     def __init__(self) -> None:
         self.fired: set[int] = set()

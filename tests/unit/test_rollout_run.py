@@ -6,7 +6,7 @@ import asyncio
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.protocols import RealClock
-from dynaresize.rollout.scheduler import RolloutRun
+from dynaresize.rollout.run import RolloutRun, RunSettings
 
 
 class FakeEngine:
@@ -39,6 +39,20 @@ class FakeEngine:
         return out
 
 
+class Arrivals:
+    """The engine pool's view a pipelined run reads: engines expected, engines on their way."""
+
+    def __init__(self, expected: int, coming: set[int]) -> None:
+        self.expected = expected
+        self.coming = coming
+
+    def num_rollout_devices(self) -> int:
+        return self.expected
+
+    def arriving(self) -> set[int]:
+        return set(self.coming)
+
+
 def specs(n: int) -> list[RequestSpec]:
     return [RequestSpec(0, i // 4, i % 4, 0, (1,), 1 + (i * 7) % 9, i) for i in range(n)]
 
@@ -46,7 +60,7 @@ def specs(n: int) -> list[RequestSpec]:
 def test_every_request_completes_once_within_capacity() -> None:
     async def main() -> tuple[list[Completion], list[FakeEngine]]:
         engines = [FakeEngine(i) for i in range(3)]
-        run = RolloutRun(RealClock(), specs(40), max_running=4, slice_s=1.0,
+        run = RolloutRun(RealClock(), specs(40), RunSettings(0, 4, 1.0),
                          on_completions=lambda c: None)
         run.add_devices(engines)
         await run.wait()
@@ -77,7 +91,7 @@ def test_leaving_device_migrates_its_requests_without_changing_tokens() -> None:
         moved: list = []
         migrated: list = []
         left_at: list[int] = []
-        run = RolloutRun(RealClock(), specs(32), max_running=8, slice_s=1.0,
+        run = RolloutRun(RealClock(), specs(32), RunSettings(0, 8, 1.0),
                          on_completions=on_done)
         run.add_devices(engines)
         await run.wait()
@@ -99,7 +113,7 @@ def test_hand_off_releases_idle_devices_and_keeps_the_last_until_the_end() -> No
     every request completed, then goes too; no request is lost or run twice."""
     async def main() -> tuple[list[Completion], list[tuple[int, int]], bool]:
         engines = [FakeEngine(i) for i in range(4)]
-        run = RolloutRun(RealClock(), specs(12), max_running=4, slice_s=1.0,
+        run = RolloutRun(RealClock(), specs(12), RunSettings(0, 4, 1.0),
                          on_completions=lambda c: None)
         run.add_devices(engines)
         await run.drained.wait()  # 12 requests fit at once: the queue empties on dispatch
@@ -118,16 +132,15 @@ def test_hand_off_releases_idle_devices_and_keeps_the_last_until_the_end() -> No
 
 
 def test_a_run_waiting_for_devices_gives_each_only_its_share() -> None:
-    """Pipelined runs start on a few engines: with `expected_devices`, no engine takes more
+    """Pipelined runs start on a few engines: with `arrivals`, no engine takes more
     than ceil(remaining / expected) while the others are still to come; once they joined,
     every request completes."""
     async def main() -> tuple[int, list[Completion], list[FakeEngine]]:
         engines = [FakeEngine(i) for i in range(4)]
-        run = RolloutRun(RealClock(), specs(40), max_running=16, slice_s=1.0,
-                         on_completions=lambda c: None)
-        run.expected_devices = lambda: 4
+        run = RolloutRun(RealClock(), specs(40), RunSettings(0, 16, 1.0),
+                         on_completions=lambda c: None, arrivals=Arrivals(4, set()))
         run.add_devices(engines[:1])
-        first_load = run._slots[0].load  # dispatched to it, before any slice ran
+        first_load = len(run.pending_of(0))  # dispatched to it, before any slice ran
         await asyncio.sleep(0)
         run.add_devices(engines[1:])
         await run.wait()
@@ -146,12 +159,11 @@ def test_packing_moves_a_thinning_tail_onto_fewer_engines() -> None:
     the next step; tokens are unchanged and every request completes once."""
     async def main() -> tuple[RolloutRun, list[tuple[int, int, int]]]:
         engines = [FakeEngine(i) for i in range(4)]
-        run = RolloutRun(RealClock(), specs(24), max_running=8, slice_s=1.0,
+        run = RolloutRun(RealClock(), specs(24), RunSettings(0, 8, 1.0, pack_batch=4),
                          on_completions=lambda c: None)
         run.add_devices(engines)
         await run.drained.wait()
         released: list[tuple[int, int, int]] = []  # (device, unfinished, engines left)
-        run.pack_batch = 4
         run.hand_off(lambda d: released.append((d.index, run.remaining, len(run.devices()))))
         await run.wait()
         return run, released
@@ -183,14 +195,14 @@ def test_an_engine_that_dies_while_packed_reruns_its_requests_elsewhere() -> Non
     async def main() -> tuple[RolloutRun, list[int], list[int]]:
         engines = [FakeEngine(0), FakeEngine(1), DiesOnExport(2)]
         lost: list[int] = []
-        run = RolloutRun(RealClock(), specs(18), max_running=8, slice_s=1.0,
+        run = RolloutRun(RealClock(), specs(18), RunSettings(0, 8, 1.0, pack_batch=9),
                          on_completions=lambda c: None,
                          on_device_lost=lambda d, exc: lost.append(d.index) is None)
         run.add_devices(engines)
         await run.drained.wait()
         released: list[int] = []
-        run.pack_batch = 9  # 2 engines x 9 hold all 18: pack at once; equal loads (6 each),
-        run.hand_off(lambda d: released.append(d.index))  # so the highest index goes first
+        # pack_batch 9: 2 engines x 9 hold all 18: pack at once; equal loads (6 each), so
+        run.hand_off(lambda d: released.append(d.index))  # the highest index goes first
         await run.wait()
         return run, lost, released
 
@@ -234,7 +246,7 @@ def test_an_engine_packed_away_is_leaving_before_another_may_go() -> None:
     being packed is leaving from the moment it is chosen, so the last one stays."""
     async def main() -> tuple[RolloutRun, list[tuple[int, int, int]]]:
         engines = [GatedEngine(0), GatedEngine(1)]
-        run = RolloutRun(RealClock(), specs(2), max_running=1, slice_s=1.0,
+        run = RolloutRun(RealClock(), specs(2), RunSettings(0, 1, 1.0, pack_batch=2),
                          on_completions=lambda c: None)
         run.add_devices(engines)  # one request each
         await run.drained.wait()
@@ -243,7 +255,7 @@ def test_an_engine_packed_away_is_leaving_before_another_may_go() -> None:
         assert all(e.gate is not None for e in engines)
         released: list[tuple[int, int, int]] = []  # (device, unfinished, engines staying)
         engines[0].open_gate(finish=True)  # its last request completes in this iteration...
-        run.pack_batch = 2  # ...while packing picks engine 1 (equal loads: highest index)
+        # ...while packing (pack_batch 2) picks engine 1 (equal loads: highest index)
         run.hand_off(lambda d: released.append((d.index, run.remaining, len(run.devices()))))
         for _ in range(200):  # engine 1's slice ends empty (exported); then all complete
             if run.finished.is_set():

@@ -5,8 +5,8 @@ for a KV-bound cost model (recompute preemption on every engine)."""
 from __future__ import annotations
 
 import asyncio
-import heapq
 import random
+from collections import deque
 
 import pytest
 
@@ -15,8 +15,9 @@ from dynaresize.control.registry import POLICIES
 from dynaresize.core.rundir import RunDir
 from dynaresize.core.samples import Records, _sha, assemble_step
 from dynaresize.core.types import Completion, RequestSpec, tokens_sha256
-from dynaresize.rollout import scheduler
-from dynaresize.rollout.scheduler import RolloutRun, _Slot
+from dynaresize.rollout import run_settings
+from dynaresize.rollout.run import RolloutRun, RunSettings
+from dynaresize.rollout.slots import SlotTable
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.device import SimCompletion, make_devices
@@ -29,47 +30,43 @@ class _Dev:
         self.index = index
 
 
-def _random_run(rng: random.Random) -> RolloutRun:
+def _random_table(rng: random.Random) -> tuple[SlotTable, deque, int]:
+    """Slots with random loads (some leaving) and stale heap candidates, a random queue."""
     limit = rng.randint(1, 9)
-    run = RolloutRun(VirtualClock(), list(range(rng.randint(0, 150))), limit, 1.0,
-                     lambda done: None)
+    table = SlotTable()
     for index in rng.sample(range(40), rng.randint(1, 14)):
-        slot = _Slot(_Dev(index))  # type: ignore[arg-type]
-        slot.load, slot.leaving = rng.randint(0, limit), rng.random() < 0.2
-        slot.pending = [f"old{index}"]  # type: ignore[list-item]
-        run._slots[index] = slot
-    run._free = [(s.load, i) for i, s in run._slots.items() if s.load < limit]
+        slot = table.add(_Dev(index))  # type: ignore[arg-type]
+        for _ in range(rng.randint(0, limit)):
+            slot.give(f"old{index}")  # type: ignore[arg-type]
+        if rng.random() < 0.2:
+            slot.leave()
+        if slot.load < limit:
+            table.freed(slot)
+    slots = list(table)
     for _ in range(rng.randint(0, 6)):  # stale candidates, as completions and dispatch leave
-        run._free.append((rng.randint(0, limit), rng.choice(list(run._slots))))
-    heapq.heapify(run._free)
-    return run
+        table.freed(rng.choice(slots))
+    return table, deque(range(rng.randint(0, 150))), limit
 
 
-def _one_by_one(run: RolloutRun) -> None:
-    """The heap greedy of `RolloutRun._dispatch` (its short-queue path)."""
-    while run.queue and run._free:
-        load, index = heapq.heappop(run._free)
-        slot = run._slots.get(index)
-        if slot is None or slot.leaving or slot.load != load or load >= run.max_running:
-            continue
-        slot.pending.append(run.queue.popleft())
-        slot.load += 1
-        if slot.load < run.max_running:
-            heapq.heappush(run._free, (slot.load, index))
+def _view(table: SlotTable) -> dict[int, tuple[int, list]]:
+    return {s.index: (s.load, list(s.pending)) for s in table}
 
 
 def test_bulk_dispatch_is_the_one_by_one_greedy() -> None:
     for seed in range(2000):
-        a, b = _random_run(random.Random(seed)), _random_run(random.Random(seed))
-        _one_by_one(a)
-        b._dispatch_bulk()
-        assert {i: (s.load, s.pending) for i, s in a._slots.items()} == \
-            {i: (s.load, s.pending) for i, s in b._slots.items()}, seed
-        assert list(a.queue) == list(b.queue), seed
-        valid = {(s.load, i) for i, s in a._slots.items()
-                 if not s.leaving and s.load < a.max_running}
-        assert set(b._free) == valid, seed  # what the one-by-one path picks next
-        assert all(s.wake.is_set() for s in b._slots.values() if len(s.pending) > 1), seed
+        (a, qa, limit), (b, qb, _) = (_random_table(random.Random(seed)),
+                                      _random_table(random.Random(seed)))
+        a.deal_greedy(qa, limit, lambda i, q=qa: q.popleft())
+        b.deal_bulk(qb, limit, lambda i, q=qb: q.popleft())
+        assert _view(a) == _view(b), seed
+        assert list(qa) == list(qb), seed
+        assert all(s.wake.is_set() for s in b if len(s.pending) > 1), seed
+        # the rebuilt candidate heap picks what the one-by-one path's heap picks next
+        qa.extend(range(1000, 1000 + 5 * limit))
+        qb.extend(range(1000, 1000 + 5 * limit))
+        a.deal_greedy(qa, limit, lambda i, q=qa: q.popleft())
+        b.deal_greedy(qb, limit, lambda i, q=qb: q.popleft())
+        assert _view(a) == _view(b) and list(qa) == list(qb), seed
 
 
 def _rollout(num_requests: int, num_devices: int) -> tuple[list[list[Completion]], int]:
@@ -94,7 +91,8 @@ def _rollout(num_requests: int, num_devices: int) -> tuple[list[list[Completion]
     reports: list[list[Completion]] = []
 
     async def main() -> RolloutRun:
-        run = RolloutRun(clock, specs, 256, 30.0, lambda done: reports.append(list(done)),
+        run = RolloutRun(clock, specs, RunSettings(0, 256, 30.0),
+                         lambda done: reports.append(list(done)),
                          drain=lambda: False)
         run.add_devices(devices)
         await run.wait()
@@ -111,7 +109,7 @@ def test_progress_is_reported_at_bounded_granularity() -> None:
     assert len(reports) < returns / 3
     remaining = 4096
     for batch in reports[:-1]:
-        assert len(batch) >= scheduler.PROGRESS_FRACTION * remaining  # nothing queued here
+        assert len(batch) >= run_settings.PROGRESS_FRACTION * remaining  # nothing queued here
         remaining -= len(batch)
 
 

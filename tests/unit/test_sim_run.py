@@ -76,9 +76,9 @@ def test_unknown_policy_names_the_allowed_ones() -> None:
 
 def test_any_registered_policy_runs_through_the_orchestrator() -> None:
     """The hook for `hysteresis` and others: register a controller, simulate it by name."""
-    from dynaresize.control.base import Move, RunView
+    from dynaresize.control.base import Controller, Move, RunView
 
-    class GrowTrainOnce:
+    class GrowTrainOnce(Controller):
         def __init__(self) -> None:
             self.done = False
 

@@ -13,7 +13,7 @@ from dynaresize.config.schema import Config, ConfigError
 from dynaresize.config.validate import validate
 from dynaresize.core.types import InflightRequest, RequestSpec
 from dynaresize.rollout.lengths import LengthPredictor
-from dynaresize.rollout.tail import longest_first, probe_order, spread_source
+from dynaresize.rollout.tail_order import longest_first, probe_order, spread_source
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.workloads import get_workload
@@ -83,25 +83,21 @@ def test_spread_source_needs_an_idle_engine_and_a_crowded_one() -> None:
 
 def test_placement_deals_long_requests_evenly() -> None:
     """Engines above the mean predicted work take the shortest queued request."""
-    import asyncio
+    from collections import deque
 
     from dynaresize.protocols import RealClock
-    from dynaresize.rollout.scheduler import RolloutRun
-    from dynaresize.rollout.tail import TailPolicy
+    from dynaresize.rollout.tail_order import TailOrder
 
-    async def main() -> list[int]:
-        run = RolloutRun(RealClock(), [spec(p, 0) for p in range(4)], max_running=4,
-                         slice_s=1.0, on_completions=lambda c: None)
-        tail = TailPolicy(run, spread=False)
-        est = {0: 9000.0, 1: 8000.0, 2: 100.0, 3: 50.0}
-        tail._estimate = est.__getitem__  # type: ignore[method-assign]
-        tail._since_sort = 10**6
-        tail.before_dispatch()  # longest first: 0, 1, 2, 3
-        got = [tail.take(0), tail.take(1), tail.take(0), tail.take(1)]
-        return [w.prompt for w in got]  # type: ignore[union-attr]
+    tail = TailOrder(RealClock(), 4, spread=False)
+    queue = deque(tail.first_order([spec(p, 0) for p in range(4)]))
+    est = {0: 9000.0, 1: 8000.0, 2: 100.0, 3: 50.0}
+    tail.estimate = est.__getitem__
+    tail.resort(queue, force=True)  # longest first: 0, 1, 2, 3
+    got = [tail.take(queue, 0), tail.take(queue, 1), tail.take(queue, 0), tail.take(queue, 1)]
+    prompts = [w.prompt for w in got]  # type: ignore[union-attr]
 
     # engine 0 took the longest (9000 > mean): next it gets the shortest, not prompt 1
-    assert asyncio.run(main()) == [0, 1, 3, 2]
+    assert prompts == [0, 1, 3, 2]
 
 
 def test_tail_policy_is_validated() -> None:

@@ -104,9 +104,13 @@ class RunView:
 
 
 class Controller(Protocol):
-    """Decides moves; may define `needs_progress` (bool) to let the orchestrator skip
-    `on_rollout_progress` calls that cannot return anything, and `streams_training` (bool) to
-    ask for training that streams over completed groups (`dynaresize.core.stream`)."""
+    """Decides moves. `needs_progress`: False lets the orchestrator skip
+    `on_rollout_progress` calls that cannot return anything; `streams_training`: ask for
+    training that streams over completed groups (`dynaresize.core.stream`). A class that
+    derives from `Controller` inherits their defaults."""
+
+    needs_progress: bool = True
+    streams_training: bool = False
 
     def at_step_start(self, view: RunView) -> list[Move]: ...
 
@@ -115,7 +119,7 @@ class Controller(Protocol):
     def at_rollout_end(self, view: RunView) -> list[Move]: ...
 
 
-class ScheduleController:
+class ScheduleController(Controller):
     """Forced resizes from `[[resize.schedule]]`; with none, the `static` policy."""
 
     def __init__(self, entries: list[ResizeEntry]) -> None:

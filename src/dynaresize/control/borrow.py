@@ -23,10 +23,10 @@ Pure decision logic over `RunView` (no devices, clocks or I/O): it runs live and
 from __future__ import annotations
 
 from dynaresize.config import BorrowConfig, Config
-from dynaresize.control.base import Move, RunView
+from dynaresize.control.base import Controller, Move, RunView
 
 
-class BorrowController:
+class BorrowController(Controller):
     """Lends trainers to rollout inside a step and takes them back before training."""
 
     def __init__(self, cfg: BorrowConfig | None = None) -> None:

@@ -68,6 +68,10 @@ class InflightRequest:
     rng_state: bytes | None = None
     """torch.Generator state after the tokens generated so far (None: not started)."""
 
+    def num_done(self) -> int:
+        """Response tokens generated so far."""
+        return len(self.generated)
+
 
 @dataclass
 class Completion:

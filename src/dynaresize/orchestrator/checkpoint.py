@@ -21,7 +21,7 @@ from dynaresize.orchestrator.checkpoint_files import (
     checkpoint_dir,
 )
 from dynaresize.orchestrator.state import RunState
-from dynaresize.protocols import Clock
+from dynaresize.protocols import Clock, WeightHandle
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ class NullCheckpointer:
     async def save(self, num_steps: int) -> str:
         raise RuntimeError("checkpoints are off")
 
-    async def restore(self, path: Path, state: CheckpointState) -> str:
+    async def restore(self, path: Path, state: CheckpointState
+                      ) -> tuple[str, list[tuple[int, WeightHandle]]]:
         raise RuntimeError("checkpoints are off: nothing to resume from")
 
     async def drain(self) -> None:
@@ -111,21 +112,23 @@ class Checkpointer:
         pending, self._pending = self._pending, []
         await asyncio.gather(*pending)
 
-    async def restore(self, path: Path, state: CheckpointState) -> str:
-        """Load the DCP state into the (new) training group and publish the versions the next
-        rollouts need: K - 1 from its file (staleness 1), K from the loaded trainers."""
+    async def restore(self, path: Path, state: CheckpointState
+                      ) -> tuple[str, list[tuple[int, WeightHandle]]]:
+        """Load the DCP state into the (new) training group; returns its path and the versions
+        the next rollouts need, for the train loop to publish: K - 1 from its file (staleness
+        1), K from the loaded trainers."""
         k = state.num_steps
         t0 = self.clock.now()
         trainers = self.state.train_devices()
         await asyncio.gather(*(d.load_checkpoint(str(path / state.train_dir), k)
                                for d in trainers))
-        versions = self.state.versions
+        published: list[tuple[int, WeightHandle]] = []
         for version_text, name in sorted(state.weight_files.items(), key=lambda kv: int(kv[0])):
             handle = await asyncio.to_thread(self.weight_io.load, path / name)
-            await versions.publish(int(version_text), handle)
+            published.append((int(version_text), handle))
         handles = await asyncio.gather(*(d.publish_weights(k) for d in trainers))
-        await versions.publish(k, handles[0])
+        published.append((k, handles[0]))
         t1 = self.clock.now()
         for d in trainers:
             self.rundir.event(t0, t1, d.index, "restore", critical=True, step=k)
-        return str(path / state.train_dir)
+        return str(path / state.train_dir), published

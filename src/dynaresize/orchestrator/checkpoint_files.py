@@ -30,7 +30,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dynaresize.config import Config
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
@@ -87,7 +90,7 @@ def read_latest(run_dir: str | os.PathLike[str]) -> tuple[Path, CheckpointState]
     return path, state
 
 
-def resume_overrides_ok(base: Any, resumed: Any) -> None:
+def resume_overrides_ok(base: Config, resumed: Config) -> None:
     """Refuse overrides that would change the samples or the update (ConfigError)."""
     from dynaresize.config import ConfigError
 

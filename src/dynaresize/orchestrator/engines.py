@@ -20,7 +20,7 @@ from dynaresize.core.rundir import RunDir
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device, WeightHandle
-from dynaresize.rollout.scheduler import RolloutRun
+from dynaresize.rollout.run import RolloutRun
 
 
 class EnginePool:
@@ -74,7 +74,7 @@ class EnginePool:
 
     def arriving(self) -> set[int]:
         """Devices on their way to the newest run: they left the previous tail or were free
-        and load its version (`RolloutRun.arriving`)."""
+        and load its version (`run_settings.Arrivals`)."""
         return {i for i in self._tail_devices if i >= 0}
 
     def _check_settled(self) -> None:

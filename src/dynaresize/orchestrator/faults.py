@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from dynaresize.config import KillEntry
+from dynaresize.resize.planner import Op
 
 TRAIN_KILL_DELAY_S = 0.05
 """How far into a training step a `train` kill lands (the step's collectives are running)."""
@@ -71,10 +71,10 @@ class FaultInjector:
         await asyncio.sleep(TRAIN_KILL_DELAY_S)
         return self._fire(due)
 
-    def in_resize(self, step: int, op: Any) -> bool:
+    def in_resize(self, step: int, op: Op) -> bool:
         """The executor's per-op hook: after `join_group` of a resize in `step`, kill the
         `resize` entries of that step. Never asks the executor to fail (returns False)."""
-        if getattr(op, "kind", "") == "join_group":
+        if op.kind == "join_group":
             self._fire([e for e in self._pending if e.step == step and e.at == "resize"])
         return False
 

@@ -95,7 +95,7 @@ class Orchestrator:
                  checkpoints: CheckpointTarget | None = None,
                  resume_from: tuple[Any, Any] | None = None,
                  faults: DeviceFaults | None = None, injector: FaultInjector | None = None,
-                 allocation: Any = None, switch: RoleSwitch | None = None,
+                 allocation: Allocation | None = None, switch: RoleSwitch | None = None,
                  evaluator: Evaluator | None = None) -> None:
         if len(devices) != cfg.num_devices:
             raise ValueError(f"config wants {cfg.num_devices} devices, got {len(devices)}")
@@ -116,12 +116,13 @@ class Orchestrator:
         stepper = PlainStep(cfg.train.micro_batch_size, clock, injector,
                             cfg.train.max_tokens_per_micro_batch)
         self.recovery: Recovery | NullRecovery = NullRecovery() if faults is None else \
-            Recovery(faults, state, engines, self.executor, stepper, clock, rundir)
+            Recovery(faults, state, engines, lambda index: self.resizer.fence(index), stepper,
+                     clock, rundir)
         self.checkpointer: Checkpointer | NullCheckpointer = NullCheckpointer() \
             if checkpoints is None else Checkpointer(checkpoints, cfg, state, clock, rundir)
         self.resizer = Resizer(state, boundary, engines, self.executor, self.recovery, clock)
         controller = controller or make_controller(cfg)
-        self.streaming = bool(getattr(controller, "streams_training", False)
+        self.streaming = bool(controller.streams_training
                               and cfg.controller.stream_training and cfg.train.exact_reduction)
         """Training streams over completed groups (`dynaresize.core.stream`)."""
         self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
@@ -147,11 +148,12 @@ class Orchestrator:
         await asyncio.gather(*(d.start() for d in state.devices))
         members = state.allocation.train
         await asyncio.gather(*(d.join_train_group(members, 0) for d in state.devices))
-        state.t_start_s = clock.now()
+        state.started(clock.now())
         for d in state.devices:
             self.rundir.event(t0, state.t_start_s, d.index, "start", critical=True)
         if self.resume_from is not None:
-            train_path = await self.checkpointer.restore(*self.resume_from)
+            train_path, published = await self.checkpointer.restore(*self.resume_from)
+            await self.train.publish_restored(published)
             self.recovery.checkpointed(state.start_step, train_path)
         failed = self.background.start()
         tasks = [asyncio.ensure_future(self.rollout.run()),

@@ -33,14 +33,15 @@ failed resize had stopped are brought back to serving.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from dynaresize.core.rundir import RunDir
+from dynaresize.core.samples import StepSamples
 from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.state import RunState
-from dynaresize.protocols import Clock
-from dynaresize.resize.executor import ResizeExecutor
+from dynaresize.protocols import Clock, RolloutOps
 
 
 class DeviceFaults(Protocol):
@@ -61,13 +62,13 @@ class NullRecovery:
         self.records: list[dict[str, Any]] = []
         """Always empty (the same field as `Recovery.records`)."""
 
-    def retain(self, step: int, got: Any) -> None:
+    def retain(self, step: int, got: StepSamples) -> None:
         return None
 
     def checkpointed(self, num_steps: int, train_path: str) -> None:
         return None
 
-    def on_rollout_lost(self, device: Any, exc: BaseException) -> bool:
+    def on_rollout_lost(self, device: RolloutOps, exc: BaseException) -> bool:
         return False
 
     def find_dead(self, how: str) -> bool:
@@ -79,18 +80,20 @@ class NullRecovery:
 
 class Recovery:
     """Driver-side fault handling for one run (see module docstring). `faults.is_alive(index)`
-    and `faults.new_store()` come from the backend (process table; a fresh rendezvous)."""
+    and `faults.new_store()` come from the backend (process table; a fresh rendezvous);
+    `fence(index)` takes a dead device out of every pool (the resizer, the allocation's one
+    writer)."""
 
     enabled = True
 
     def __init__(self, faults: DeviceFaults, state: RunState, engines: EnginePool,
-                 executor: ResizeExecutor, stepper: PlainStep, clock: Clock,
+                 fence: Callable[[int], None], stepper: PlainStep, clock: Clock,
                  rundir: RunDir) -> None:
         self.is_alive = faults.is_alive
         self.new_store = faults.new_store
         self.state = state
         self.engines = engines
-        self.executor = executor
+        self.fence = fence
         self.stepper = stepper
         self.clock = clock
         self.rundir = rundir
@@ -98,11 +101,11 @@ class Recovery:
         self.world_stale = False
         self.train_state_lost = False
         self.records: list[dict[str, Any]] = []
-        self._retained: dict[int, Any] = {}
+        self._retained: dict[int, StepSamples] = {}
         self._train_point: tuple[int, str] | None = None
 
     # ------------------------------------------------------------------ bookkeeping
-    def retain(self, step: int, got: Any) -> None:
+    def retain(self, step: int, got: StepSamples) -> None:
         """Keep step `step`'s samples until a checkpoint covers it (replay log)."""
         self._retained[step] = got
 
@@ -120,15 +123,14 @@ class Recovery:
             self.train_state_lost = True
         role = state.allocation.roles[index].value
         self.lost.append(index)
-        self.executor.lost.add(index)
         self.world_stale = True
-        state.fence(index)
+        self.fence(index)
         now = self.clock.now()
         self.records.append({"device": index, "role": role, "how": how, "t_s": now})
         self.rundir.event(now, now, index, "fault", critical=True, role=role, how=how)
 
     # ------------------------------------------------------------------ detection
-    def on_rollout_lost(self, device: Any, exc: BaseException) -> bool:
+    def on_rollout_lost(self, device: RolloutOps, exc: BaseException) -> bool:
         """RolloutRun's hook: True (device gone, its requests rerun) or False (a real error)."""
         if self.is_alive(device.index):
             return False

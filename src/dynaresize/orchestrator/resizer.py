@@ -45,6 +45,11 @@ class Resizer:
         self.num_requested = 0
         """Resizes asked for and not yet done: no rollout pipelining meanwhile."""
 
+    def fence(self, index: int) -> None:
+        """Device `index` died: no pool and no resize op uses it again (recovery asks)."""
+        self.executor.mark_lost(index)
+        self.state.fence(index)
+
     def resize_soon(self, move: Move, step: int) -> asyncio.Future[Any]:
         """Start a controller's move in the background (it waits for the next optimizer-step
         boundary)."""

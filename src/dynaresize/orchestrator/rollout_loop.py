@@ -38,9 +38,8 @@ from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.step_rollout import RolloutSettings, StepRollout
 from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.orchestrator.view import RunViews
-from dynaresize.protocols import Clock, Device
-from dynaresize.rollout.scheduler import RolloutRun
-from dynaresize.rollout.tail import TailPolicy
+from dynaresize.protocols import Clock, Device, RolloutOps
+from dynaresize.rollout.run import RolloutRun, RunSettings
 
 
 class RolloutLoop:
@@ -74,7 +73,7 @@ class RolloutLoop:
         settings, state, engines, resizer = self.settings, self.state, self.engines, self.resizer
         ending: asyncio.Task[None] | None = None
         for step in range(state.start_step, settings.steps):
-            state.step = step
+            state.enter_step(step)
             prompts = self.source.batch(step, settings.prompts_per_step, settings.seed)
             rollout = StepRollout(step, settings, list(prompts), self.source, self.clock,
                                   self.streaming)
@@ -82,7 +81,7 @@ class RolloutLoop:
             handle = await state.versions.wait(version)  # the controller sees that step's timing
             # what a device a step-start resize brings to the rollout loads (`current_weights`;
             # the previous step's version may be gone from the store by now)
-            state.rollout_version = version
+            state.rollout_needs(version)
             for move in self.controller.at_step_start(self.view()):
                 if move.blocking:  # applied before the step's rollout starts
                     if ending is not None:
@@ -125,24 +124,20 @@ class RolloutLoop:
             self.board.post_stream(rollout.step, rollout.stream)
 
         def make_run(rollout: StepRollout) -> RolloutRun:
-            run = RolloutRun(self.clock, rollout.specs, settings.max_running_requests,
-                             settings.slice_s, self._on_completions(rollout),
-                             self._on_lost(rollout), drain=self._may_drain)
-            run.version = rollout.version
-            run.light_batch = settings.tail_batch
-            run.pack_batch = settings.pack_batch  # acts once the run hands off
-            if settings.tail_policy != "off":
-                run.tail = TailPolicy(run, spread=settings.tail_policy == "spread"
-                                      and not self.pipelined, may_spread=self._may_spread)
-            return run
+            policy = settings.tail_policy
+            run_settings = RunSettings(
+                rollout.version, settings.max_running_requests, settings.slice_s,
+                light_batch=settings.tail_batch, pack_batch=settings.pack_batch,
+                tail_order=policy != "off", spread=policy == "spread" and not self.pipelined)
+            return RolloutRun(self.clock, rollout.specs, run_settings,
+                              self._on_completions(rollout), self._on_lost(rollout),
+                              drain=self._may_drain, may_spread=self._may_spread,
+                              arrivals=self.engines if self.pipelined else None)
 
         run = rollout.start(make_run)
-        self.state.rollout_started_s = rollout.started_s
+        self.state.rollout_started(rollout.started_s)
         self.engines.start_run(run)
-        if self.pipelined:  # the previous tail's engines join later: keep their share queued
-            run.expected_devices = self.engines.num_rollout_devices
-            run.arriving = self.engines.arriving
-        run.add_devices(ready)
+        run.add_devices(ready)  # pipelined: the previous tail's engines join later (arrivals)
         self.board.post_width(rollout.step, len(self.state.allocation.rollout) if self.pipelined
                               else len(ready))
         return run
@@ -163,21 +158,21 @@ class RolloutLoop:
         controller's progress moves (only for the newest step's run)."""
         if self.injector is not None:
             self.injector.at_rollout(rollout.step, rollout.progress())
-        if not getattr(self.controller, "needs_progress", True) \
+        if not self.controller.needs_progress \
                 or rollout.run is not self.engines.run:
             return
         for move in self.controller.on_rollout_progress(self.view()):
             rollout.fire(self.resizer.resize_soon(move, rollout.step))
 
     def _on_lost(self, rollout: StepRollout
-                 ) -> Callable[[Device, BaseException], bool] | None:
+                 ) -> Callable[[RolloutOps, BaseException], bool] | None:
         """RolloutRun's `on_device_lost`: recovery decides; if the device was the previous
         step's last engine and work is left there, an engine of the newest step takes over."""
         if not self.recovery.enabled:
             return None
         recovery, engines = self.recovery, self.engines
 
-        def lost(device: Device, exc: BaseException) -> bool:
+        def lost(device: RolloutOps, exc: BaseException) -> bool:
             if not recovery.on_rollout_lost(device, exc):
                 return False
             run = rollout.run
@@ -196,7 +191,7 @@ class RolloutLoop:
         """Whether rollout devices may run until empty without reporting each completion:
         nobody watches progress (controller, fault injector, streaming training) and no resize
         is pending."""
-        return (not getattr(self.controller, "needs_progress", True) and self.injector is None
+        return (not self.controller.needs_progress and self.injector is None
                 and self.resizer.num_pending == 0 and not self.streaming)
 
     async def _end(self, rollout: StepRollout) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 
 class PromptLike(Protocol):
@@ -16,4 +16,4 @@ class PromptSource(Protocol):
 
     def batch(self, step: int, num_prompts: int, seed: int) -> Sequence[PromptLike]: ...
 
-    def reward(self, prompt: Any, response_tokens: list[int]) -> float: ...
+    def reward(self, prompt: PromptLike, response_tokens: list[int]) -> float: ...

@@ -43,10 +43,12 @@ class VersionStore:
 
 
 class RunState:
-    """Where the run is. Writers: the allocation only through `commit_allocation` (the
-    resizer) and `fence` (recovery); `step`, `rollout_version`, `rollout_started_s`: the
-    rollout loop; `optimizer_step`, `history`, `train_end_s`: the train loop; `t_start_s`:
-    the orchestrator; `versions`: the train loop and the checkpointer (publish)."""
+    """Where the run is, changed only through its methods. Callers: the allocation
+    (`commit_allocation`, `fence`): the resizer (recovery fences through it); `step`,
+    `rollout_version`, `rollout_started_s` (`enter_step`, `rollout_needs`,
+    `rollout_started`): the rollout loop; `optimizer_step`, `history`, `train_end_s`
+    (`optimizer_stepped`, `step_trained`): the train loop; `t_start_s` (`started`): the
+    orchestrator; `versions` (publish): the train loop (also what a resume restored)."""
 
     def __init__(self, devices: Sequence[Device], allocation: Allocation,
                  start_step: int) -> None:
@@ -65,6 +67,30 @@ class RunState:
         self.t_start_s = 0.0
         self.history: list[StepTiming] = []
         self.train_end_s: list[float] = []
+
+    def started(self, t_s: float) -> None:
+        """The devices are up (the orchestrator)."""
+        self.t_start_s = t_s
+
+    def enter_step(self, step: int) -> None:
+        """The rollout loop is at `step`."""
+        self.step = step
+
+    def rollout_needs(self, version: int) -> None:
+        """The rollout loop's step samples from `version` (it is published)."""
+        self.rollout_version = version
+
+    def rollout_started(self, t_s: float) -> None:
+        self.rollout_started_s = t_s
+
+    def optimizer_stepped(self) -> None:
+        """The trainers took one more optimizer step (the train loop)."""
+        self.optimizer_step += 1
+
+    def step_trained(self, timing: StepTiming, end_s: float) -> None:
+        """A step's training ended at `end_s` (the train loop)."""
+        self.train_end_s.append(end_s)
+        self.history.append(timing)
 
     def train_devices(self) -> list[Device]:
         return [self.devices[i] for i in self.allocation.train]

@@ -26,7 +26,7 @@ from dynaresize.core.stream import StepStream
 from dynaresize.core.types import Completion, RequestSpec, request_seed
 from dynaresize.orchestrator.source import PromptLike, PromptSource
 from dynaresize.protocols import Clock
-from dynaresize.rollout.scheduler import RolloutRun
+from dynaresize.rollout.run import RolloutRun
 
 
 @dataclass(frozen=True)

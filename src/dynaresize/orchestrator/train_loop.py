@@ -27,7 +27,7 @@ from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.streaming import StreamTrainer
 from dynaresize.orchestrator.switch import RoleSwitch
-from dynaresize.protocols import Clock
+from dynaresize.protocols import Clock, WeightHandle
 from dynaresize.train.batching import global_num_tokens
 
 
@@ -55,6 +55,11 @@ class TrainLoop:
         self.switch = switch
         self.evaluator = evaluator
         """Held-out evaluation (`evaluation.Evaluator`): its results join the step's record."""
+
+    async def publish_restored(self, published: list[tuple[int, WeightHandle]]) -> None:
+        """Resume: publish the versions the checkpoint restored (before the loops start)."""
+        for version, handle in published:
+            await self.state.versions.publish(version, handle)
 
     async def run(self) -> None:
         """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
@@ -93,7 +98,7 @@ class TrainLoop:
                             raise
                         stream = None  # rerun the whole step the plain way
                 t2 = self.clock.now()
-                state.optimizer_step += 1
+                state.optimizer_stepped()
                 recovery.retain(step, got)
                 if self.checkpointer.due(step + 1):
                     await state.versions.publish(step + 1, handles[0])
@@ -124,12 +129,11 @@ class TrainLoop:
                 "loss": round(float(stats[0].get("loss", 0.0)), 6),
             }
             prev_end_s = t2
-            state.train_end_s.append(t2)
-            state.history.append(StepTiming(
+            state.step_trained(StepTiming(
                 step, got.rollout_s, t2 - t0, got.num_tokens,
                 board.take_width(step, len(state.allocation.rollout)), len(trainers),
                 train_device_s, got.rollout_device_s, got.rollout_tail_device_s,
-                got.ready_profile, got.response_cv))
+                got.ready_profile, got.response_cv), t2)
             if self.evaluator is not None:
                 record.update(await self.evaluator.evaluate(step, state.versions.get))
             self.rundir.metric(record)

@@ -65,8 +65,12 @@ class ResizeExecutor:
         self.fail = fail or (lambda index, op: False)
         self.num_resizes = 0
         self.lost: set[int] = set()
-        """Devices whose process died (recovery.py): no op calls them again."""
+        """Devices whose process died (`mark_lost`): no op calls them again."""
         self._generation = 1_000
+
+    def mark_lost(self, index: int) -> None:
+        """Device `index`'s process died (recovery, through the resizer's `fence`)."""
+        self.lost.add(index)
 
     async def execute(self, plan: ResizePlan, optimizer_step: int) -> ResizeReport:
         index = self.num_resizes

@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynaresize.config import Config
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.rollout.engine import EngineStats
 from dynaresize.rollout.vllm_world import drop_model_dir, model_dir, private_world
@@ -301,7 +302,7 @@ class VllmRolloutEngine:
         gc.collect()
 
 
-def build_vllm_engine(cfg: Any, template: Any, *, eos_token_id: int, device_index: int,
+def build_vllm_engine(cfg: Config, template: Any, *, eos_token_id: int, device_index: int,
                       torch_device: str) -> VllmRolloutEngine:
     """The engine of a rollout device: `template` (the version-0 transformers model) written
     to /dev/shm for vLLM to load, served with the run's settings; the files go once loaded."""

@@ -32,6 +32,9 @@ class SimInflight(InflightRequest):
 
     num_generated: int = 0
 
+    def num_done(self) -> int:
+        return self.num_generated
+
 
 class EngineRequest:
     __slots__ = ("spec", "prompt_tokens", "target_tokens", "generated", "start_iter", "live")

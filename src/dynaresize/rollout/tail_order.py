@@ -1,4 +1,4 @@
-"""TailPolicy: a run's dispatch order by predicted length, and spreading of its thin tail.
+"""TailOrder: a run's dispatch order by predicted length, and which engine its thin tail spreads.
 
 `rollout.tail_policy` (docs/tail.md). A step ends with its longest request, and that request
 decodes slower the more requests share its engine. So (without knowing any length; the
@@ -15,29 +15,31 @@ decodes slower the more requests share its engine. So (without knowing any lengt
   one above it the shortest, so long requests do not pile up on the engines that happened to
   free slots first.
 - **Spread** (`spread`): once the queue is empty and an engine has nothing to run while
-  another holds at least `spread_min_load` requests, the most loaded engine finishes its slice,
-  exports its requests (token prefix and sampler state: they continue unchanged elsewhere,
-  design §2.3) and takes work again; its requests are requeued in front, longest predicted
-  first, and dispatch deals them to the emptiest engines. One engine at a time; not while the
+  another holds at least `spread_min_load` requests, the most loaded engine (`spread_source`)
+  finishes its slice, exports its requests (token prefix and sampler state: they continue
+  unchanged elsewhere, design §2.3) and takes work again; its requests are requeued in front,
+  longest predicted first (`spread_work`), and dispatch deals them to the emptiest engines;
+  the run does the moving (`RolloutRun`'s export-and-requeue). One engine at a time; not while the
   run hands its engines to the next step (then `pack_batch` packs the tail instead) nor while
   `may_spread()` says no (a resize pending). The orchestrator enables it for non-pipelined
   runs only: a pipelined run's engine that is away exporting would look free to the next
   step (`EnginePool.adopt_free_engines`).
 
 Which engine runs a request, and when, never changes its tokens: only time changes.
+
+A pure queue strategy: it reads and reorders the queue it is given and keeps its predictions;
+it knows no run.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
+from dynaresize.protocols import Clock
 from dynaresize.rollout.lengths import LengthPredictor
-
-if TYPE_CHECKING:
-    from dynaresize.rollout.scheduler import RolloutRun, Work, _Slot
+from dynaresize.rollout.slots import Work
 
 RESORT_FRACTION = 0.005
 """The queue is re-sorted after this share of the run's requests completed since the last
@@ -81,49 +83,47 @@ def spread_source(loads: dict[int, int], min_load: int) -> int | None:
     return index if loads[index] >= max(2, min_load) else None
 
 
-class TailPolicy:
-    """One run's `rollout.tail_policy` (module docstring). Owned by the `RolloutRun`."""
+class TailOrder:
+    """One run's `rollout.tail_policy` (module docstring), owned by the `RolloutRun`."""
 
-    def __init__(self, run: RolloutRun, spread: bool, spread_min_load: int = 2,
-                 may_spread: Callable[[], bool] | None = None,
-                 predictor: LengthPredictor | None = None) -> None:
-        self.run = run
+    def __init__(self, clock: Clock, num_requests: int, spread: bool,
+                 spread_min_load: int = 2, predictor: LengthPredictor | None = None) -> None:
+        self.clock = clock
         self.spread = spread
         self.spread_min_load = spread_min_load
-        self.may_spread = may_spread
         self.predictor = predictor if predictor is not None else LengthPredictor()
         self.num_spread = 0
         """Requests spreading moved to another engine."""
         self._since_sort = 0
-        self._resort_every = max(1, int(RESORT_FRACTION * run.total))
-        self._spreading: asyncio.Task[None] | None = None
+        self._resort_every = max(1, int(RESORT_FRACTION * num_requests))
         self._work: dict[int, float] = {}
         """engine -> predicted tokens of the requests dispatched to it (at dispatch)."""
         self._total_work = 0.0
         self._placed: dict[tuple[int, int, int], tuple[int, float]] = {}
-        run.queue.extend(probe_order([run.queue.popleft() for _ in range(len(run.queue))]))
-        if spread:  # engines return at every completion, so a spread never waits long
-            run.drain = None
+        self.estimate: Callable[[int], float] = self._estimate
+        """Predicted response tokens of a prompt's requests now (replaceable in tests)."""
 
     def _estimate(self, prompt: int) -> float:
-        return self.predictor.estimate(prompt, self.run.clock.now())
+        return self.predictor.estimate(prompt, self.clock.now())
 
-    # ------------------------------------------------------------------ run hooks
-    def before_dispatch(self) -> None:
-        """Re-sort the queue if enough completions arrived since the last sort."""
-        run = self.run
-        if self._since_sort < self._resort_every or len(run.queue) < 2:
+    def first_order(self, requests: Sequence[Work]) -> list[Work]:
+        """The queue a run starts with (`probe_order`)."""
+        return probe_order(requests)
+
+    def resort(self, queue: deque[Work], force: bool = False) -> None:
+        """Re-sort `queue` if enough completions arrived since the last sort (`force`: now)."""
+        if (self._since_sort < self._resort_every and not force) or len(queue) < 2:
             return
         self._since_sort = 0
-        ordered = longest_first(run.queue, self._estimate)
-        run.queue.clear()
-        run.queue.extend(ordered)
+        ordered = longest_first(queue, self.estimate)
+        queue.clear()
+        queue.extend(ordered)
 
-    def take(self, index: int) -> Work:
+    def take(self, queue: deque[Work], index: int) -> Work:
         """The queued work engine `index` gets next: migrated work first; else the longest
         predicted if the engine's predicted work is at most the engines' mean, the shortest
         if above (the queue is sorted longest first), so long requests spread evenly."""
-        queue, work = self.run.queue, self._work
+        work = self._work
         head = queue[0]
         if isinstance(head, InflightRequest):
             w = queue.popleft()
@@ -133,7 +133,7 @@ class TailPolicy:
                 else queue.pop()
         spec = _spec(w)
         self._unplace(spec.key)  # requeued (migrated, or its engine died): placed anew
-        tokens = self._estimate(spec.prompt)
+        tokens = self.estimate(spec.prompt)
         self._placed[spec.key] = (index, tokens)
         work[index] = work.get(index, 0.0) + tokens
         self._total_work += tokens
@@ -147,72 +147,30 @@ class TailPolicy:
             self._total_work -= tokens
 
     def submitted(self, work: Sequence[Work]) -> None:
-        now_s, predictor = self.run.clock.now(), self.predictor
+        now_s, predictor = self.clock.now(), self.predictor
         for w in work:
             spec = _spec(w)
             predictor.dispatched((spec.prompt, spec.sample), now_s)
 
     def completed(self, completions: Sequence[Completion]) -> None:
-        now_s, predictor = self.run.clock.now(), self.predictor
+        now_s, predictor = self.clock.now(), self.predictor
         for c in completions:
             self._unplace(c.spec.key)
             predictor.finished((c.spec.prompt, c.spec.sample), c.num_tokens, now_s)
         self._since_sort += len(completions)
 
-    async def wait(self) -> None:
-        """Return once no spread is in flight (the run's end, `RolloutRun.wait`)."""
-        if self._spreading is not None:
-            await asyncio.gather(self._spreading, return_exceptions=True)
+    def spread_source(self, loads: dict[int, int]) -> int | None:
+        """The engine to spread now (`spread_source`), None if none or spreading is off."""
+        return spread_source(loads, self.spread_min_load) if self.spread else None
 
-    # ------------------------------------------------------------------ spreading
-    def maybe_spread(self) -> None:
-        """Spread the most loaded engine if the tail is uneven (module docstring)."""
-        run = self.run
-        if (not self.spread or self._spreading is not None or run.queue or run.error
-                or run.finished.is_set() or run._on_idle is not None
-                or (self.may_spread is not None and not self.may_spread())):
-            return
-        loads = {i: s.load for i, s in run._slots.items() if not s.leaving}
-        index = spread_source(loads, self.spread_min_load)
-        if index is None:
-            return
-        slot = run._slots[index]
-        slot.leaving = True  # no more work for it until it is back (`_spread`)
-        slot.wake.set()
-        self._spreading = asyncio.ensure_future(self._spread(slot))
-
-    async def _spread(self, slot: _Slot) -> None:
-        """`slot`'s engine finishes its slice, exports its requests, which are requeued in
-        front (longest predicted first), and comes back with an empty slot."""
-        run, device = self.run, slot.device
-        try:
-            assert slot.task is not None
-            await slot.task
-            if run.error is not None or run._slots.get(device.index) is not slot:
-                return  # the run failed, or the device was lost or moved meanwhile
-            try:
-                exported = await device.export_inflight()
-            except Exception as exc:
-                run._device_failed(slot, exc)
-                return
-            for w in exported:
-                self._unplace(w.spec.key)
-                self.predictor.progressed((w.spec.prompt, w.spec.sample), _generated(w))
-            work: list[Work] = [*exported, *slot.pending]
-            work.sort(key=lambda w: -self._estimate(_spec(w).prompt))
-            self.num_spread += len(exported)
-            run.num_migrated += len(exported)
-            if run._slots.get(device.index) is slot:
-                del run._slots[device.index]
-                run.queue.extendleft(reversed(work))
-                run.add_devices([device])  # back, empty: dispatch spreads the work
-            else:  # taken meanwhile (`requeue`): the work goes back without it
-                run.queue.extendleft(reversed(work))
-                run._dispatch()
-        finally:
-            self._spreading = None
-
-
-def _generated(work: InflightRequest) -> int:
-    """Tokens an exported request has generated (the twin's carry a count only)."""
-    return int(getattr(work, "num_generated", 0)) or len(work.generated)
+    def spread_work(self, exported: Sequence[InflightRequest], pending: Sequence[Work]
+                    ) -> list[Work]:
+        """A spread engine's requests in the order they are requeued: longest predicted
+        first (what they generated so far updates the predictions)."""
+        for w in exported:
+            self._unplace(w.spec.key)
+            self.predictor.progressed((w.spec.prompt, w.spec.sample), w.num_done())
+        work: list[Work] = [*exported, *pending]
+        work.sort(key=lambda w: -self.estimate(_spec(w).prompt))
+        self.num_spread += len(exported)
+        return work

@@ -1,0 +1,399 @@
+"""RolloutRun: one step's requests on the rollout devices, with devices joining and leaving.
+
+One asyncio task per rollout device; each loops { submit what was dispatched to it →
+`run_rollout(slice_s)` → hand completions back → dispatch more }. Queued requests go to the
+least-loaded device that has a free slot (ties: lowest index). Which device runs a request never
+changes its tokens (design §2.3), so dispatch is free to be greedy, and a device can leave
+mid-step: its in-flight requests are exported (token prefix + sampler state) and requeued at the
+front, to finish on the other engines.
+
+Progress is reported at a bounded granularity: completions reach `on_completions` in batches
+of at least `PROGRESS_FRACTION` (1%) of the requests in flight (dispatched, unfinished), so one
+by one while at most 100 are in flight, and always before the run finishes. Completions arrive
+at about (requests in flight / mean request duration), so a watcher (controller, fault
+injection) sees progress at most ~1% of a request's duration late, whatever the queue; an
+8192-request step with every request in flight makes ~550 reports instead of 8192. Nothing
+else waits for the reports: dispatch still happens at every completion.
+
+A run is built complete (`RunSettings`, its callbacks, the engine pool's `Arrivals`) and changed
+only through its methods. Its parts: `slots` (the engines and dispatch), `tail_order` (the
+queue strategy of `rollout.tail_policy`), `handoff` (when a pipelined run's engines leave for
+the next step). Moving requests off a live engine, for packing a handed-off tail or spreading
+a thin one, is one routine, `_export_and_requeue`.
+
+Consumes: RequestSpecs of one step. Waits for: devices' slices. Produces: Completions through
+`on_completions`, and per-device busy intervals. Unblocked by: the last completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from dynaresize.core.types import Completion
+from dynaresize.protocols import Clock, RolloutOps
+from dynaresize.rollout.handoff import may_release, pack_candidate
+from dynaresize.rollout.run_settings import (
+    BULK_MIN_FREE,
+    DRAIN_SLICES,
+    PROGRESS_FRACTION,
+    Arrivals,
+    RunSettings,
+)
+from dynaresize.rollout.slots import EngineSlot, SlotTable, Work
+from dynaresize.rollout.tail_order import TailOrder
+
+
+def _ignore(completions: list[Completion]) -> None:
+    return None
+
+
+class RolloutRun:
+    def __init__(self, clock: Clock, requests: Sequence[Work], settings: RunSettings,
+                 on_completions: Callable[[list[Completion]], None],
+                 on_device_lost: Callable[[RolloutOps, BaseException], bool] | None = None,
+                 drain: Callable[[], bool] | None = None,
+                 may_spread: Callable[[], bool] | None = None,
+                 arrivals: Arrivals | None = None) -> None:
+        """`on_device_lost(device, error)`: a device call failed; return True if the device
+        is gone (its requests rerun elsewhere from scratch), False to fail the run.
+        `drain()`: True when no one needs to see completions one by one (no controller
+        watching progress, no resize pending): once the queue is empty, each device then runs
+        until it is empty (at most `DRAIN_SLICES` slices) in one call (never when spreading:
+        engines return at every completion, so a spread never waits long). `may_spread()`:
+        whether tail spreading may move requests now. `arrivals` (pipelined runs): the run
+        starts on a few engines and gains the rest; until it hands off, no engine gets more
+        than its share, ceil(remaining / expected), and an engine that joins while others
+        are coming is dealt its share over them too (`rollout.deal`)."""
+        self.clock = clock
+        self.settings = settings
+        self.version = settings.version
+        self.on_completions = on_completions
+        self.on_device_lost = on_device_lost
+        self.tail: TailOrder | None = None
+        if settings.tail_order:
+            self.tail = TailOrder(clock, len(requests), settings.spread)
+        self.drain = None if settings.spread and self.tail is not None else drain
+        self.may_spread = may_spread
+        self.arrivals = arrivals
+        self.num_rerun = 0
+        """Requests restarted from scratch because their device died."""
+        self.error: BaseException | None = None
+        self.queue: deque[Work] = deque(requests if self.tail is None
+                                        else self.tail.first_order(requests))
+        self.total = len(requests)
+        self.remaining = len(requests)
+        self.completions: list[Completion] = []
+        self._unreported: list[Completion] = []
+        """Finished, not yet handed to `on_completions` (PROGRESS_FRACTION)."""
+        self.busy_s: dict[int, list[float]] = {}
+        """device → [first slice start, last slice end] in this step."""
+        self.finished = asyncio.Event()
+        self.drained = asyncio.Event()
+        """Set once every request has been dispatched to a device (the queue is empty)."""
+        self.light_s: float | None = None
+        """When the remaining requests first fit on the run's engines at `light_batch` each:
+        from then on engines wait for their last requests (`tail_device_s`)."""
+        self._on_idle: Callable[[RolloutOps], None] | None = None
+        """`hand_off`'s callback: where a device goes once nothing is left for it here."""
+        self.num_migrated = 0
+        """Requests moved to another engine by packing or spreading."""
+        self._packing: asyncio.Task[None] | None = None
+        self._spreading: asyncio.Task[None] | None = None
+        self._slots = SlotTable()
+        if self.remaining == 0:
+            self._set_finished()
+
+    def _set_finished(self) -> None:
+        """Every request completed, or the run failed: either way nothing waits to be
+        dispatched any more (a loop waiting for `drained` moves on, then sees the error)."""
+        self.finished.set()
+        self.drained.set()
+
+    @property
+    def num_finished(self) -> int:
+        return self.total - self.remaining
+
+    @property
+    def num_spread(self) -> int:
+        return self.tail.num_spread if self.tail is not None else 0
+
+    def tail_device_s(self) -> float:
+        """Device-seconds engines were held in the run's tail (after `light_s`)."""
+        start = self.light_s if self.light_s is not None else self.clock.now()
+        return sum(max(0.0, b - max(a, start)) for a, b in self.busy_s.values())
+
+    def devices(self) -> list[int]:
+        return sorted(s.index for s in self._slots.active())
+
+    def idle_devices(self) -> list[int]:
+        """Devices with nothing left to run here: no request, and none queued for anyone."""
+        if self.queue:
+            return []
+        return sorted(s.index for s in self._slots.active() if s.load == 0)
+
+    def pending_of(self, index: int) -> list[Work]:
+        """What was dispatched to engine `index` and not yet submitted (tests, reports)."""
+        slot = self._slots.get(index)
+        return list(slot.pending) if slot is not None else []
+
+    # ------------------------------------------------------------------ membership
+    def add_devices(self, devices: Sequence[RolloutOps]) -> None:
+        """Start serving on `devices` (at step start, or joining mid-step)."""
+        for device in devices:
+            slot = self._slots.add(device)
+            slot.start(asyncio.ensure_future(self._drive(slot)))
+        self._dispatch(joined=True)
+
+    async def stop_admission(self, device: RolloutOps) -> None:
+        """Stop giving `device` work; return once its current slice is over."""
+        slot = self._slots.get(device.index)
+        if slot is None:
+            return
+        slot.leave()
+        await slot.stopped()
+
+    def requeue(self, device: RolloutOps, exported: Sequence[Work]) -> None:
+        """Put a leaving device's unfinished work (exported + never submitted) back in front."""
+        slot = self._slots.pop(device.index)
+        work = list(exported) + (slot.pending if slot is not None else [])
+        self.queue.extendleft(reversed(work))
+        self._dispatch()
+
+    def hand_off(self, on_idle: Callable[[RolloutOps], None]) -> None:
+        """From now on a device with nothing left to run here (the queue is empty and it
+        holds no request) leaves this run for `on_idle(device)` (the next step's rollout),
+        except the last one, which stays until the run ends (requeued work always has a
+        device). The devices idle now leave at once. Devices no longer join, so no share cap
+        applies (`arrivals`), and packing starts (`pack_batch`; `rollout.handoff`)."""
+        self._on_idle = on_idle
+        self.arrivals = None
+        for slot in sorted(self._slots, key=lambda s: s.index, reverse=True):
+            if slot.load == 0 and not slot.pending:
+                self._maybe_release(slot)
+        self._maybe_pack()
+
+    def close(self) -> None:
+        """Drop the callbacks and device slots once the run has ended and its results are
+        read: they hold the run in reference cycles (a closure over it), so without this a
+        step's requests and completions would wait for the cyclic GC (the twin pauses it)."""
+        self.on_completions = _ignore
+        self.on_device_lost = self.drain = self._on_idle = self.may_spread = None
+        self.arrivals = None
+        self._slots.clear()
+
+    # ------------------------------------------------------------------ main
+    async def wait(self) -> None:
+        """Return when every request has completed."""
+        await self.finished.wait()
+        for moving in (self._packing, self._spreading):  # their devices first leave or return
+            if moving is not None:
+                await asyncio.gather(moving, return_exceptions=True)
+        tasks = [s.task for s in self._slots if s.task is not None]
+        for s in self._slots:
+            s.wake.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.error is not None:
+            raise self.error
+
+    def _take(self, index: int) -> Work:
+        return self.queue.popleft() if self.tail is None else self.tail.take(self.queue, index)
+
+    def _dispatch(self, joined: bool = False) -> None:
+        """Give queued work to the least-loaded device with a free slot (ties: lowest index);
+        the queue's order is FIFO or `tail`'s. Devices that `joined` a FIFO run that waits
+        for more (`arrivals`) are dealt their share (`rollout.deal`)."""
+        if self.tail is not None and self.queue:
+            self.tail.resort(self.queue)
+        slots, limit = self._slots, self._limit()
+        if joined and self.tail is None and self.arrivals is not None and self.queue:
+            slots.deal_bulk(self.queue, limit, self._take,
+                            len(self.arrivals.arriving() - slots.indices()))
+        elif len(self.queue) > len(slots) and slots.num_free() > BULK_MIN_FREE:
+            slots.deal_bulk(self.queue, limit, self._take)
+        else:
+            slots.deal_greedy(self.queue, limit, self._take)
+        if not self.queue:
+            self.drained.set()
+
+    def _limit(self) -> int:
+        """Most requests one device may hold now (`max_running`, or its share)."""
+        max_running = self.settings.max_running
+        if self.arrivals is None:
+            return max_running
+        share = max(self.arrivals.num_rollout_devices(), len(self._slots), 1)
+        return max(1, min(max_running, -(-self.remaining // share)))
+
+    def _report(self, completions: list[Completion]) -> None:
+        """Hand finished requests to `on_completions` at the PROGRESS_FRACTION granularity
+        (all of them once none is left)."""
+        batch = self._unreported
+        batch.extend(completions)
+        in_flight = self.remaining - len(self.queue) + len(batch)
+        if self.remaining and len(batch) < PROGRESS_FRACTION * in_flight:
+            return
+        self._unreported = []
+        self.on_completions(batch)
+
+    async def _drive(self, slot: EngineSlot) -> None:
+        try:
+            await self._serve(slot)
+        except Exception as exc:
+            self._device_failed(slot, exc)
+
+    def _device_failed(self, slot: EngineSlot, exc: BaseException) -> None:
+        """A call on `slot`'s device raised: without `on_device_lost` the run fails with this
+        error (`wait()` raises it); else `_lose` decides."""
+        if self.on_device_lost is None:
+            if self.error is None:
+                self.error = exc
+            self._set_finished()
+            return
+        self._lose(slot, exc)
+
+    def _lose(self, slot: EngineSlot, exc: BaseException) -> None:
+        """A device call failed: rerun everything it held from scratch (the seeded sampler
+        makes the tokens identical, design §2.3), or fail the run if the device is alive."""
+        self._slots.pop(slot.index)
+        lost = slot.lose()
+        self.num_rerun += len(lost)
+        self.queue.extendleft(reversed(lost))
+        assert self.on_device_lost is not None
+        if not self.on_device_lost(slot.device, exc):
+            self.error = exc
+            self._set_finished()
+        self._dispatch()
+
+    async def _serve(self, slot: EngineSlot) -> None:
+        device, clock, finished = slot.device, self.clock, self.finished
+        slice_s = self.settings.slice_s
+        span: list[float] | None = None
+        while not finished.is_set() and not slot.leaving:
+            if slot.load == 0:
+                slot.wake.clear()
+                await slot.wake.wait()
+                continue
+            if slot.pending:
+                work = slot.to_submit()
+                if self.tail is not None:
+                    self.tail.submitted(work)
+                await device.submit(work)
+            if span is None:
+                t0 = clock.now()
+                span = self.busy_s.setdefault(slot.index, [t0, t0])
+            if not self.queue and self.drain is not None and self.drain():
+                # nothing left to dispatch and nobody watching progress: one call per device
+                completions = await device.run_rollout(slice_s * DRAIN_SLICES, True)
+            else:
+                completions = await device.run_rollout(slice_s)
+            span[1] = clock.now()
+            if completions and self._completed(slot, completions):
+                return
+
+    def _completed(self, slot: EngineSlot, completions: list[Completion]) -> bool:
+        """`slot`'s engine finished `completions`: count, report, dispatch, maybe hand the
+        engine off (returns True: it left), pack or spread."""
+        slot.finished(completions)
+        self._slots.freed(slot)
+        self.remaining -= len(completions)
+        self.completions.extend(completions)
+        if self.tail is not None:
+            self.tail.completed(completions)
+        if self.light_s is None and \
+                self.remaining <= len(self._slots) * self.settings.light_batch:
+            self.light_s = self.clock.now()
+        self._report(completions)
+        if self.queue:
+            self._dispatch()
+        if self.remaining == 0:
+            self._set_finished()
+        if slot.load == 0 and self._maybe_release(slot):
+            return True
+        self._maybe_pack()
+        self._maybe_spread()
+        return False
+
+    # ------------------------------------------------------------------ moving requests
+    def _maybe_release(self, slot: EngineSlot) -> bool:
+        """Hand `slot`'s device to `_on_idle` if it may go (`hand_off`)."""
+        if self._on_idle is None or not may_release(slot, list(self._slots),
+                                                    not self.queue, self.remaining):
+            return False
+        slot.leave()
+        self._slots.pop(slot.index)
+        self._on_idle(slot.device)
+        return True
+
+    def _movable(self) -> bool:
+        return not (self.queue or self.error or self.finished.is_set())
+
+    def _maybe_pack(self) -> None:
+        """Handing off: move the least-loaded engine's requests to the others if the rest
+        hold every remaining request at `pack_batch` each (one engine at a time)."""
+        pack_batch = self.settings.pack_batch
+        if not pack_batch or self._on_idle is None or self._packing is not None \
+                or not self._movable():
+            return
+        slot = pack_candidate(list(self._slots), self.remaining, pack_batch)
+        if slot is None:
+            return
+        # leaving from now, not once the export starts: until then another engine that
+        # empties must not count this one as staying and leave too (the run would keep
+        # requests and no engine)
+        slot.leave()
+        self._packing = asyncio.ensure_future(self._export_and_requeue(slot, rejoin=False))
+
+    def _maybe_spread(self) -> None:
+        """Spread the most loaded engine if the tail is uneven (rollout/tail_order.py)."""
+        tail = self.tail
+        if (tail is None or not tail.spread or self._spreading is not None
+                or not self._movable() or self._on_idle is not None
+                or (self.may_spread is not None and not self.may_spread())):
+            return
+        index = tail.spread_source({s.index: s.load for s in self._slots.active()})
+        if index is None:
+            return
+        slot = self._slots.get(index)
+        assert slot is not None
+        slot.leave()  # no more work for it until it is back
+        self._spreading = asyncio.ensure_future(self._export_and_requeue(slot, rejoin=True))
+
+    async def _export_and_requeue(self, slot: EngineSlot, rejoin: bool) -> None:
+        """`slot`'s engine (already leaving) finishes its slice and exports its requests
+        (token prefix and sampler state: they continue unchanged elsewhere, design §2.3),
+        which are requeued in front. Then it comes back empty (`rejoin`: spreading; the
+        requests longest predicted first) or leaves for the next step (packing)."""
+        device = slot.device
+        try:
+            await slot.stopped()
+            if self.error is not None or not self._slots.holds(slot):
+                return  # the run failed, or the device was lost or moved meanwhile
+            try:
+                exported = await device.export_inflight()
+            except Exception as exc:
+                self._device_failed(slot, exc)
+                return
+            self.num_migrated += len(exported)
+            if not rejoin:
+                self.requeue(device, exported)
+                assert self._on_idle is not None
+                self._on_idle(device)
+            else:
+                assert self.tail is not None
+                work = self.tail.spread_work(exported, slot.pending)
+                back = self._slots.holds(slot)
+                if back:
+                    self._slots.pop(slot.index)
+                self.queue.extendleft(reversed(work))
+                if back:
+                    self.add_devices([device])  # back, empty: dispatch spreads the work
+                else:  # taken meanwhile (`requeue`): the work goes back without it
+                    self._dispatch()
+        finally:
+            if rejoin:
+                self._spreading = None
+            else:
+                self._packing = None
+        if not rejoin:
+            self._maybe_pack()

@@ -1,0 +1,164 @@
+"""The engines of one `RolloutRun` and which queued request each takes next.
+
+`EngineSlot` is one engine's place in a run (its load, the requests dispatched and not yet
+submitted, those submitted and not finished); `SlotTable` holds a run's slots and deals queued
+work to them: to the least-loaded slot with room (ties: lowest index), greedily from a heap of
+candidates, or, for a long queue, level by level in one pass (`rollout.deal.seats`), which
+gives the same assignment. Both are changed only through their methods, by the run that owns
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
+from dynaresize.protocols import RolloutOps
+from dynaresize.rollout.deal import seats
+
+Work = RequestSpec | InflightRequest
+Take = Callable[[int], Work]
+"""`take(engine index)`: the queued work that engine gets next (removed from the queue)."""
+
+
+def work_key(work: Work) -> tuple[int, int, int]:
+    return work.spec.key if isinstance(work, InflightRequest) else work.key
+
+
+class EngineSlot:
+    """One engine in one run."""
+
+    def __init__(self, device: RolloutOps) -> None:
+        self.device = device
+        self.load = 0
+        """Requests dispatched to it and not finished."""
+        self.pending: list[Work] = []
+        """Dispatched, not yet submitted."""
+        self.inflight: dict[tuple[int, int, int], Work] = {}
+        """Submitted to the device and not completed: what reruns elsewhere if it dies."""
+        self.wake = asyncio.Event()
+        self.leaving = False
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def index(self) -> int:
+        return self.device.index
+
+    def start(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+
+    def give(self, work: Work) -> None:
+        self.pending.append(work)
+        self.load += 1
+        self.wake.set()
+
+    def leave(self) -> None:
+        """No more work for it; its serving loop ends after the current slice."""
+        self.leaving = True
+        self.wake.set()
+
+    def to_submit(self) -> list[Work]:
+        """The pending work, now in flight."""
+        work, self.pending = self.pending, []
+        for w in work:
+            self.inflight[work_key(w)] = w
+        return work
+
+    def finished(self, completions: list[Completion]) -> None:
+        for c in completions:
+            self.inflight.pop(c.spec.key, None)
+        self.load -= len(completions)
+
+    def lose(self) -> list[RequestSpec]:
+        """The device died: everything it held, as fresh requests in key order."""
+        self.leaving = True
+        lost = [w.spec if isinstance(w, InflightRequest) else w
+                for w in [*self.inflight.values(), *self.pending]]
+        self.inflight, self.pending = {}, []
+        lost.sort(key=lambda spec: spec.key)
+        return lost
+
+    async def stopped(self) -> None:
+        """Return once its serving loop ended."""
+        assert self.task is not None
+        await self.task
+
+
+class SlotTable:
+    """A run's engine slots and the candidate heap of dispatch (module docstring)."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, EngineSlot] = {}
+        self._free: list[tuple[int, int]] = []
+        """Heap of (load, device) candidates; stale entries are skipped when popped."""
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __iter__(self) -> Iterator[EngineSlot]:
+        return iter(self._slots.values())
+
+    def get(self, index: int) -> EngineSlot | None:
+        return self._slots.get(index)
+
+    def indices(self) -> set[int]:
+        return set(self._slots)
+
+    def holds(self, slot: EngineSlot) -> bool:
+        return self._slots.get(slot.index) is slot
+
+    def add(self, device: RolloutOps) -> EngineSlot:
+        slot = self._slots[device.index] = EngineSlot(device)
+        heapq.heappush(self._free, (0, device.index))
+        return slot
+
+    def pop(self, index: int) -> EngineSlot | None:
+        return self._slots.pop(index, None)
+
+    def clear(self) -> None:
+        self._slots.clear()
+        self._free = []
+
+    def active(self) -> list[EngineSlot]:
+        return [s for s in self._slots.values() if not s.leaving]
+
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def freed(self, slot: EngineSlot) -> None:
+        """`slot`'s load went down: a candidate again."""
+        heapq.heappush(self._free, (slot.load, slot.index))
+
+    def deal_greedy(self, queue: deque[Work], limit: int, take: Take) -> None:
+        """One request at a time to the least-loaded slot below `limit`."""
+        while queue and self._free:
+            load, index = heapq.heappop(self._free)
+            slot = self._slots.get(index)
+            if slot is None or slot.leaving or slot.load != load or load >= limit:
+                continue  # stale entry
+            slot.give(take(index))
+            if slot.load < limit:
+                heapq.heappush(self._free, (slot.load, index))
+
+    def deal_bulk(self, queue: deque[Work], limit: int, take: Take, num_coming: int = 0
+                  ) -> None:
+        """`deal_greedy`'s assignment in O(dispatched + slots log slots): the greedy fills
+        slots in (load, index) order, i.e. level by level from the lowest load, each level in
+        index order (`rollout.deal.seats`); `num_coming` engines on their way hold seats whose
+        requests stay queued for them. Rebuilds the candidate heap."""
+        slots = self._slots
+        loads = {index: slot.load for index, slot in slots.items()
+                 if not slot.leaving and slot.load < limit}
+        kept: list[Work] = []
+        for index in seats(loads, num_coming, limit, len(queue)):
+            if index is None:  # a seat to come: the request waits for it, in queue order
+                kept.append(queue.popleft())
+                continue
+            slots[index].give(take(index))
+        queue.extendleft(reversed(kept))
+        self._free = [(slot.load, index) for index, slot in slots.items()
+                      if not slot.leaving and slot.load < limit]
+        heapq.heapify(self._free)
