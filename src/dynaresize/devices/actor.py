@@ -14,6 +14,7 @@ from typing import Any
 from dynaresize.devices.cluster import NodeInfo, this_node
 from dynaresize.devices.network import LOOPBACK, base_env, loopback_env, network_env
 from dynaresize.devices.world import init_world, open_store
+from dynaresize.rollout.engine_base import Engine
 
 __all__ = ["LOOPBACK", "DeviceActor", "loopback_env"]
 
@@ -60,7 +61,7 @@ class DeviceActor:
             init_world(self, store, self.rank_of)
         self.groups: dict[tuple[int, ...], Any] = {}
         self.group_creations = 0
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self.trainer: Any = None
         self._next_trainer: Any = None
         self._old_trainer: Any = None
@@ -208,14 +209,17 @@ class DeviceActor:
     def _drop_engine(self) -> None:
         """Let go of the rollout engine (a vLLM engine is shut down: frees its memory)."""
         engine, self.engine = self.engine, None
-        if engine is not None and hasattr(engine, "shutdown"):
+        if engine is not None:
             engine.shutdown()
+
+    def _engine(self) -> Engine:
+        assert self.engine is not None, "no rollout engine on this device"
+        return self.engine
 
     def release_kv(self) -> None:
         if self.engine is not None:
             assert self.engine.num_running == 0 and self.engine.num_waiting == 0
-            if hasattr(self.engine, "release_kv"):  # vLLM: sleep on CUDA (vllm_engine)
-                self.engine.release_kv()
+            self.engine.release_kv()  # vLLM: sleep on CUDA (vllm_engine)
 
     def release_rollout_weights(self) -> None:
         self._drop_engine()
@@ -223,8 +227,8 @@ class DeviceActor:
     def alloc_kv(self) -> None:
         if self.engine is None:
             self._build_engine()
-        elif hasattr(self.engine, "alloc_kv"):  # vLLM: wake up on CUDA
-            self.engine.alloc_kv()
+        else:
+            self.engine.alloc_kv()  # vLLM: wake up on CUDA
 
     # ------------------------------------------------------------------ rollout
     def load_weights(self, version: int, state_dict: dict[str, Any] | None) -> None:
@@ -237,14 +241,15 @@ class DeviceActor:
             return
         if self.engine is None:
             self._build_engine(blank=True)  # load_weights overwrites every parameter (strict)
-        self.engine.load_weights(state_dict, version)
+        self._engine().load_weights(state_dict, version)
 
     def submit(self, items: list[Any]) -> None:
+        engine = self._engine()
         for item in items:
-            self.engine.add(item)
+            engine.add(item)
 
     def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Any]:
-        return self.engine.run(max_s, until_empty)
+        return self._engine().run(max_s, until_empty)
 
     def export_inflight(self) -> list[Any]:
         return self.engine.export_inflight() if self.engine is not None else []

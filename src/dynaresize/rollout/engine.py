@@ -30,27 +30,16 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections import deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
+from dynaresize.rollout.engine_base import EngineBase, EngineStats
 
-
-@dataclass
-class EngineStats:
-    """Monotonic counters of one engine (never reset by `export_inflight`)."""
-
-    num_generated_tokens: int = 0
-    """Tokens sampled (one per request per decode iteration)."""
-    num_prefill_tokens: int = 0
-    """Context tokens fed to rebuild caches on admission (prompts and migrated prefixes)."""
-    num_decode_iterations: int = 0
-    """`step` calls that decoded at least one request."""
-    busy_s: float = 0.0
-    """Wall seconds spent inside `step` with work to do."""
+__all__ = ["EngineStats", "RolloutEngine", "sample_token"]
 
 
 @dataclass
@@ -86,67 +75,39 @@ def sample_token(logits: torch.Tensor, temperature: float,
     return token, float(logprobs[token])
 
 
-class RolloutEngine:
-    """Continuous-batching, batch-invariant generation for one rollout device."""
+class RolloutEngine(EngineBase):
+    """Continuous-batching, batch-invariant generation for one rollout device (the common
+    part: `EngineBase`)."""
 
     def __init__(self, model: torch.nn.Module, *, eos_token_id: int, device_index: int,
                  max_running: int = 32, batch_invariant: bool = True,
                  torch_device: str = "cpu", whole_prompt_prefill: bool = False) -> None:
         """Take ownership of `model` (a transformers causal LM accepting `cache=`): it is moved to
         `torch_device`, put in eval mode and frozen. `device_index` is stamped on completions."""
-        if max_running < 1:
-            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        super().__init__(eos_token_id=eos_token_id, device_index=device_index,
+                         max_running=max_running)
         self.model = model.to(torch_device).eval().requires_grad_(False)
         # transformers >= 5.20 names the KV cache argument `cache`, earlier 5.x (the 5.19 that
         # vLLM 0.32 pins) `past_key_values`; an unknown name would be ignored silently
         self._cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
                            else "past_key_values")
-        self.eos_token_id = eos_token_id
-        self.device_index = device_index
-        self.max_running = max_running
         self.batch_invariant = batch_invariant
         self.whole_prompt_prefill = whole_prompt_prefill
         self.torch_device = torch.device(torch_device)
-        self.version = 0
-        self.stats = EngineStats()
-        self._waiting: deque[InflightRequest] = deque()
         self._running: list[_Running] = []
 
-    # ------------------------------------------------------------------ state
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
+    def _active(self) -> Collection[_Running]:
+        return self._running
 
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    @property
-    def tokens_in_flight(self) -> int:
-        """Context tokens (prompt + generated) held in the KV caches of running requests."""
-        return sum(r.num_context_tokens for r in self._running)
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy `state_dict` (all keys, strict) into the model in place and set `version`.
         Raises RuntimeError if requests of another version are running (export them first)."""
-        if self._running and version != self.version:
-            raise RuntimeError(f"engine {self.device_index}: cannot load version {version} while "
-                               f"{len(self._running)} requests of version {self.version} run")
+        self._check_load(version)
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=True)
         self.version = version
 
-    # ------------------------------------------------------------------ requests in / out
-    def add(self, item: RequestSpec | InflightRequest) -> None:
-        """Queue a new request or a migrated one (continued from its prefix and sampler state)."""
-        if isinstance(item, RequestSpec):
-            item = InflightRequest(spec=item)
-        spec = item.spec
-        if spec.temperature < 0 or spec.max_new_tokens < 1:
-            raise ValueError(f"request {spec.key}: need temperature >= 0 and max_new_tokens >= 1, "
-                             f"got {spec.temperature} and {spec.max_new_tokens}")
-        self._waiting.append(item)
-
+    # ------------------------------------------------------------------ requests out
     def export_inflight(self) -> list[InflightRequest]:
         """Remove every running (first, in admission order) and waiting (FIFO) request and return
         them with their generated prefix, log-probs and generator state; the engine is empty."""
@@ -187,30 +148,12 @@ class RolloutEngine:
         self.stats.busy_s += time.perf_counter() - t0
         return finished
 
-    def run(self, max_s: float, until_empty: bool = False) -> list[Completion]:
-        """Call `step` until at least one request finishes (`until_empty`: until none is left),
-        `max_s` seconds pass, or the engine is empty; return the finished requests."""
-        deadline = time.monotonic() + max_s
-        finished: list[Completion] = []
-        while (self._waiting or self._running) and (until_empty or not finished):
-            finished += self.step()
-            if time.monotonic() >= deadline:
-                break
-        return finished
-
     def _admit(self, item: InflightRequest) -> _Running:
         """Build the running state of `item`: restore its generator and feed its context (prompt +
         generated prefix; token by token if batch-invariant) except the last token, which the next
         decode iteration feeds."""
         spec = item.spec
-        if spec.version != self.version:
-            raise ValueError(f"request {spec.key} needs version {spec.version}, engine "
-                             f"{self.device_index} holds version {self.version}")
-        if not spec.prompt_tokens:
-            raise ValueError(f"request {spec.key} has an empty prompt")
-        if len(item.generated) != len(item.logprobs):
-            raise ValueError(f"request {spec.key}: {len(item.generated)} tokens but "
-                             f"{len(item.logprobs)} log-probs")
+        self._check_admissible(item)
         generator = torch.Generator(device="cpu")
         if item.rng_state is None:
             if item.generated:

@@ -33,13 +33,13 @@ import gc
 import itertools
 import os
 import time
-from collections import deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dynaresize.config import Config
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
-from dynaresize.rollout.engine import EngineStats
+from dynaresize.rollout.engine_base import EngineBase
 from dynaresize.rollout.vllm_world import drop_model_dir, model_dir, private_world
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -58,26 +58,25 @@ class _Live:
     logprobs: list[float] = field(default_factory=list)
 
 
-class VllmRolloutEngine:
-    """One vLLM engine: continuous batching, exact seeded sampling, migration by resubmission."""
+class VllmRolloutEngine(EngineBase):
+    """One vLLM engine: continuous batching, exact seeded sampling, migration by resubmission
+    (the common part: `EngineBase`; sampling is never greedy)."""
+
+    greedy_ok = False
 
     def __init__(self, model_path: str, *, eos_token_id: int | None, device_index: int,
                  max_running: int = 32, max_model_len: int = 512,
                  kv_cache_bytes: int = 256 * 2**20, torch_device: str = "cpu",
                  dtype: str = "float32", companion: bool = True) -> None:
         """`eos_token_id` None: requests stop at `max_new_tokens` only (benchmarks)."""
-        self.eos_token_id = eos_token_id
+        super().__init__(eos_token_id=eos_token_id, device_index=device_index,
+                         max_running=max_running)
         self._filler = eos_token_id or 0
         """Token of the warm-up and companion prompts."""
-        self.device_index = device_index
-        self.max_running = max_running
         self.max_model_len = max_model_len
         self.on_cuda = torch_device.startswith("cuda")
         self.companion = companion
-        self.version = 0
-        self.stats = EngineStats()
         self.kv_released = False
-        self._pending: deque[InflightRequest] = deque()
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
         self._companion_id: str | None = None
@@ -118,25 +117,13 @@ class VllmRolloutEngine:
         while self.engine.has_unfinished_requests():
             self.engine.step()
 
-    # ------------------------------------------------------------------ state
-    @property
-    def num_waiting(self) -> int:
-        return len(self._pending)
+    def _active(self) -> Collection[_Live]:
+        return self._live.values()
 
-    @property
-    def num_running(self) -> int:
-        return len(self._live)
-
-    @property
-    def tokens_in_flight(self) -> int:
-        return sum(len(r.spec.prompt_tokens) + len(r.generated) for r in self._live.values())
-
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+    def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Reload every parameter in place from `state_dict` (transformers names), drop the
         prefix cache, set `version`. A failed reload is retried once (it leaves meta tensors)."""
-        if self._live and version != self.version:
-            raise RuntimeError(f"engine {self.device_index}: cannot load version {version} while "
-                               f"{len(self._live)} requests of version {self.version} run")
+        self._check_load(version)
         self._abort_companion()
         self.alloc_kv()
         try:
@@ -145,22 +132,12 @@ class VllmRolloutEngine:
             self._reload(state_dict)
         self.version = version
 
-    def _reload(self, state_dict: dict[str, Any]) -> None:
+    def _reload(self, state_dict: Mapping[str, Any]) -> None:
         self.llm.collective_rpc("reload_weights",
                                 kwargs={"weights_iterator": iter(list(state_dict.items()))})
         self.llm.reset_prefix_cache()
 
-    # ------------------------------------------------------------------ requests in / out
-    def add(self, item: RequestSpec | InflightRequest) -> None:
-        """Queue a new request or a migrated one (resubmitted with its generated prefix)."""
-        if isinstance(item, RequestSpec):
-            item = InflightRequest(spec=item)
-        spec = item.spec
-        if spec.temperature <= 0 or spec.max_new_tokens < 1:
-            raise ValueError(f"request {spec.key}: need temperature > 0 and max_new_tokens >= 1, "
-                             f"got {spec.temperature} and {spec.max_new_tokens}")
-        self._pending.append(item)
-
+    # ------------------------------------------------------------------ requests out
     def export_inflight(self) -> list[InflightRequest]:
         """Abort every request and return it with its generated prefix and log-probs (running
         first, in admission order, then queued); the engine is empty."""
@@ -169,20 +146,20 @@ class VllmRolloutEngine:
         self._abort_companion()
         out = [InflightRequest(spec=r.spec, generated=list(r.generated),
                                logprobs=list(r.logprobs)) for r in self._live.values()]
-        out.extend(self._pending)
+        out.extend(self._waiting)
         self._live.clear()
-        self._pending.clear()
+        self._waiting.clear()
         return out
 
     # ------------------------------------------------------------------ decoding
     def step(self) -> list[Completion]:
         """Submit queued requests, run one vLLM engine step, return the finished requests."""
-        if not self._pending and not self._live:
+        if not self._waiting and not self._live:
             return []
         t0 = time.perf_counter()
-        while self._pending and len(self._live) < self.max_running:
-            self._submit(self._pending[0])  # a refused request stays queued (builtin alike)
-            self._pending.popleft()
+        while self._waiting and len(self._live) < self.max_running:
+            self._submit(self._waiting[0])  # a refused request stays queued (builtin alike)
+            self._waiting.popleft()
         self._keep_company()
         finished: list[Completion] = []
         for out in self.engine.step():
@@ -211,17 +188,6 @@ class VllmRolloutEngine:
         self.stats.busy_s += time.perf_counter() - t0
         return finished
 
-    def run(self, max_s: float, until_empty: bool = False) -> list[Completion]:
-        """Step until a request finishes (`until_empty`: until none is left), `max_s` seconds
-        pass, or the engine is empty; return the finished requests."""
-        deadline = time.monotonic() + max_s
-        finished: list[Completion] = []
-        while (self._pending or self._live) and (until_empty or not finished):
-            finished += self.step()
-            if time.monotonic() >= deadline:
-                break
-        return finished
-
     def _submit(self, item: InflightRequest) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -229,14 +195,7 @@ class VllmRolloutEngine:
         from dynaresize.rollout.vllm_sampler import OFFSET, SEED, TEMPERATURE
 
         spec = item.spec
-        if spec.version != self.version:
-            raise ValueError(f"request {spec.key} needs version {spec.version}, engine "
-                             f"{self.device_index} holds version {self.version}")
-        if not spec.prompt_tokens:
-            raise ValueError(f"request {spec.key} has an empty prompt")
-        if len(item.generated) != len(item.logprobs):
-            raise ValueError(f"request {spec.key}: {len(item.generated)} tokens but "
-                             f"{len(item.logprobs)} log-probs")
+        self._check_admissible(item)
         context = [*spec.prompt_tokens, *item.generated]
         remaining = spec.max_new_tokens - len(item.generated)
         if remaining < 1 or len(context) + remaining > self.max_model_len:
@@ -276,7 +235,7 @@ class VllmRolloutEngine:
     def release_kv(self) -> None:
         """CUDA: vLLM sleep (level 1: KV cache freed, weights offloaded to host). CPU: drop
         every cached block; the KV pool itself stays allocated (vLLM cannot free it on CPU)."""
-        assert not self._live and not self._pending
+        assert not self._live and not self._waiting
         self._abort_companion()
         if self.on_cuda:
             self.llm.sleep(level=1)

@@ -1,0 +1,170 @@
+"""What every rollout engine of a device is (`Engine`) and the part they share (`EngineBase`).
+
+The builtin engine (`rollout.engine.RolloutEngine`) and the vLLM engine
+(`rollout.vllm_engine.VllmRolloutEngine`) implement `Engine`; a device (`devices.actor`) holds
+one through it. Both derive from `EngineBase`, which holds what they do alike: the accessors,
+the guard on loading weights while requests of another version run, queueing (`add`, with
+request validation), the checks a request passes before it is admitted, and the `run` loop
+over `step`. How a request is decoded (`step`, `export_inflight`) is each engine's own. The
+twin's engine (`sim.engine.SimEngine`) works in modelled time and is held by `SimDevice`
+behind the same device seam (`protocols.RolloutOps`), not through `Engine`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
+
+
+@dataclass
+class EngineStats:
+    """Monotonic counters of one engine (never reset by `export_inflight`)."""
+
+    num_generated_tokens: int = 0
+    """Tokens sampled (one per request per decode iteration)."""
+    num_prefill_tokens: int = 0
+    """Context tokens fed to rebuild caches on admission (prompts and migrated prefixes)."""
+    num_decode_iterations: int = 0
+    """`step` calls that decoded at least one request."""
+    busy_s: float = 0.0
+    """Wall seconds spent inside `step` with work to do."""
+
+
+class Engine(Protocol):
+    """A rollout engine serving one policy version on one device."""
+
+    version: int
+    stats: EngineStats
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def tokens_in_flight(self) -> int: ...
+
+    def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
+
+    def add(self, item: RequestSpec | InflightRequest) -> None: ...
+
+    def export_inflight(self) -> list[InflightRequest]: ...
+
+    def step(self) -> list[Completion]: ...
+
+    def run(self, max_s: float, until_empty: bool = False) -> list[Completion]: ...
+
+    def release_kv(self) -> None: ...
+
+    def alloc_kv(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class _InFlight(Protocol):
+    spec: RequestSpec
+    generated: list[int]
+
+
+class EngineBase:
+    """The common part of the rollout engines (module docstring). A subclass keeps its
+    admitted requests (objects with `spec` and `generated`) and returns them from `_active`,
+    and decodes in `step`; queued requests wait in `self._waiting`."""
+
+    greedy_ok = True
+    """Whether temperature 0 (greedy) is served; else requests need temperature > 0."""
+
+    def __init__(self, *, eos_token_id: int | None, device_index: int,
+                 max_running: int) -> None:
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        self.eos_token_id = eos_token_id
+        self.device_index = device_index
+        self.max_running = max_running
+        self.version = 0
+        self.stats = EngineStats()
+        self._waiting: deque[InflightRequest] = deque()
+
+    def _active(self) -> Collection[_InFlight]:
+        raise NotImplementedError
+
+    def step(self) -> list[Completion]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._active())
+
+    @property
+    def tokens_in_flight(self) -> int:
+        """Context tokens (prompt + generated) of the running requests."""
+        return sum(len(r.spec.prompt_tokens) + len(r.generated) for r in self._active())
+
+    def _check_load(self, version: int) -> None:
+        """Raise RuntimeError if requests of another version run (export them first)."""
+        running = len(self._active())
+        if running and version != self.version:
+            raise RuntimeError(f"engine {self.device_index}: cannot load version {version} while "
+                               f"{running} requests of version {self.version} run")
+
+    # ------------------------------------------------------------------ requests in
+    def add(self, item: RequestSpec | InflightRequest) -> None:
+        """Queue a new request or a migrated one (continued from its prefix)."""
+        if isinstance(item, RequestSpec):
+            item = InflightRequest(spec=item)
+        spec = item.spec
+        if spec.temperature < 0 or (spec.temperature == 0 and not self.greedy_ok) \
+                or spec.max_new_tokens < 1:
+            need = ">= 0" if self.greedy_ok else "> 0"
+            raise ValueError(f"request {spec.key}: need temperature {need} and max_new_tokens "
+                             f">= 1, got {spec.temperature} and {spec.max_new_tokens}")
+        self._waiting.append(item)
+
+    def _check_admissible(self, item: InflightRequest) -> None:
+        """Raise ValueError unless `item` can run here: this engine's version, a prompt, as
+        many log-probs as generated tokens."""
+        spec = item.spec
+        if spec.version != self.version:
+            raise ValueError(f"request {spec.key} needs version {spec.version}, engine "
+                             f"{self.device_index} holds version {self.version}")
+        if not spec.prompt_tokens:
+            raise ValueError(f"request {spec.key} has an empty prompt")
+        if len(item.generated) != len(item.logprobs):
+            raise ValueError(f"request {spec.key}: {len(item.generated)} tokens but "
+                             f"{len(item.logprobs)} log-probs")
+
+    # ------------------------------------------------------------------ decoding
+    def run(self, max_s: float, until_empty: bool = False) -> list[Completion]:
+        """Call `step` until at least one request finishes (`until_empty`: until none is left),
+        `max_s` seconds pass, or the engine is empty; return the finished requests."""
+        deadline = time.monotonic() + max_s
+        finished: list[Completion] = []
+        while (self._waiting or self._active()) and (until_empty or not finished):
+            finished += self.step()
+            if time.monotonic() >= deadline:
+                break
+        return finished
+
+    # ------------------------------------------------------------------ memory
+    def release_kv(self) -> None:
+        """Free the KV cache (the engine is empty); nothing to do unless overridden."""
+        return None
+
+    def alloc_kv(self) -> None:
+        """Make the KV cache ready again; nothing to do unless overridden."""
+        return None
+
+    def shutdown(self) -> None:
+        """Free the engine's resources; nothing to do unless overridden."""
+        return None
