@@ -7,6 +7,7 @@ orchestrator; owns the devices and stops every process it started, on success an
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
     from dynaresize.app.metric_sinks import make_sinks
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
+    from dynaresize.devices.settings import DeviceSettings
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.orchestrator.checkpoint import CheckpointTarget
@@ -66,9 +68,10 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)
     resume_from = read_latest(out_dir) if resume else None
-    if resume_from is not None:
+    if resume_from is not None:  # the schedule's steps already done are not redone
         num_done = resume_from[1].num_steps
-        cfg.resize.schedule = [e for e in cfg.resize.schedule if e.step >= num_done]
+        cfg = replace(cfg, resize=replace(
+            cfg.resize, schedule=[e for e in cfg.resize.schedule if e.step >= num_done]))
     rundir = RunDir(out_dir, resume_step=resume_from[1].num_steps if resume_from else None)
     rundir.write_config(to_toml(cfg))
     started_ray = False
@@ -93,8 +96,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         assert pool.num_devices == cfg.num_devices
         alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
                                    cfg.allocation.num_train_devices)
-        devices = pool.devices(cfg.to_dict(), alloc.roles)
         task = make_task(cfg)
+        devices = pool.devices(DeviceSettings.build(cfg, task.tokenizer), alloc.roles)
         # issue 18: metric sinks and held-out evaluation (evaluation.worker: its own Ray actor)
         rundir.sinks = make_sinks(cfg, rundir.path, progress.message)
         evaluator = start_ray_evaluator(cfg, rundir.eval_result)

@@ -13,6 +13,7 @@ from typing import Any
 
 from dynaresize.devices.cluster import NodeInfo, this_node
 from dynaresize.devices.network import LOOPBACK, base_env, loopback_env, network_env
+from dynaresize.devices.settings import DeviceSettings
 from dynaresize.devices.world import init_world, open_store
 from dynaresize.rollout.engine_base import Engine
 
@@ -65,8 +66,7 @@ class DeviceActor:
         self.trainer: Any = None
         self._next_trainer: Any = None
         self._old_trainer: Any = None
-        self.cfg: Any = None
-        self.task: Any = None
+        self.settings: DeviceSettings | None = None
         self._mesh_generation = 0
         self._template: Any = None
         self._template_key: tuple[Any, ...] | None = None
@@ -82,15 +82,11 @@ class DeviceActor:
         return open_store(self.node.node_ip)
 
     # ------------------------------------------------------------------ configuration
-    def configure(self, cfg_dict: dict[str, Any], role: str) -> None:
+    def configure(self, settings: DeviceSettings, role: str) -> None:
         """Start a run: drop the previous run's engine and trainer, build what `role` needs."""
-        from dynaresize.config import config_from_dict
-        from dynaresize.tasks import make_task
-
         self._drop_engine()
         self.trainer = self._next_trainer = self._old_trainer = None
-        self.cfg = config_from_dict(cfg_dict)
-        self.task = make_task(self.cfg)
+        self.settings = settings
         if role == "rollout":
             self._build_engine()
 
@@ -103,10 +99,11 @@ class DeviceActor:
         uninitialised, for a model whose every parameter is overwritten next."""
         from dynaresize.models import build_model
 
-        tok = self.task.tokenizer
-        key = (repr(self.cfg.model), tok.vocab_size, tok.eos_id, tok.bos_id, tok.pad_id)
+        settings = self._settings()
+        tok = settings.tokens
+        key = (repr(settings.model), tok.vocab_size, tok.eos_id, tok.bos_id, tok.pad_id)
         if self._template_key != key:
-            self._template = build_model(self.cfg.model, tok.vocab_size, eos_token_id=tok.eos_id,
+            self._template = build_model(settings.model, tok.vocab_size, eos_token_id=tok.eos_id,
                                          bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
             self._template_key = key
         return _clone_model(self._template, blank).to(self.torch_device)
@@ -115,22 +112,28 @@ class DeviceActor:
         from dynaresize.rollout.engine import RolloutEngine
 
         self._drop_engine()
-        if self.cfg.rollout.engine == "vllm":  # vLLM in this process (docs/vllm.md)
+        settings = self._settings()
+        rollout = settings.rollout
+        if rollout.engine == "vllm":  # vLLM in this process (docs/vllm.md)
             from dynaresize.rollout.vllm_engine import build_vllm_engine
 
             self._build_model(blank=True)  # the version-0 template, which vLLM loads from disk
-            self.engine = build_vllm_engine(self.cfg, self._template,
-                                            eos_token_id=self.task.tokenizer.eos_id,
+            self.engine = build_vllm_engine(rollout, self._template,
+                                            eos_token_id=settings.tokens.eos_id,
                                             device_index=self.index,
                                             torch_device=self.torch_device)
             return
         self.engine = RolloutEngine(self._build_model(blank),
-                                    eos_token_id=self.task.tokenizer.eos_id,
+                                    eos_token_id=settings.tokens.eos_id,
                                     device_index=self.index,
-                                    max_running=self.cfg.rollout.max_running_requests,
-                                    batch_invariant=self.cfg.rollout.batch_invariant,
+                                    max_running=rollout.max_running_requests,
+                                    batch_invariant=rollout.batch_invariant,
                                     torch_device=self.torch_device,
-                                    whole_prompt_prefill=self.cfg.rollout.whole_prompt_prefill)
+                                    whole_prompt_prefill=rollout.whole_prompt_prefill)
+
+    def _settings(self) -> DeviceSettings:
+        assert self.settings is not None, "configure() first"
+        return self.settings
 
     # ------------------------------------------------------------------ communicators
     def group(self, members: tuple[int, ...]) -> Any:
@@ -149,15 +152,16 @@ class DeviceActor:
         from dynaresize.train.trainer import FSDPTrainer
 
         self._mesh_generation += 1
-        blank = blank and self.cfg.train.kl_coef == 0
+        settings = self._settings()
+        blank = blank and settings.train.kl_coef == 0
 
         def factory() -> Any:
             return self._build_model(blank)
 
-        return FSDPTrainer(factory, self.cfg.train, self.group(members),
+        return FSDPTrainer(factory, settings.train, self.group(members),
                            generation=self._mesh_generation, device=self.torch_device,
-                           temperature=self.cfg.rollout.temperature,
-                           pad_token_id=self.task.tokenizer.pad_id)
+                           temperature=settings.rollout.temperature,
+                           pad_token_id=settings.tokens.pad_id)
 
     def join_train_group(self, members: tuple[int, ...], generation: int) -> int:
         self.group(members)

@@ -16,6 +16,7 @@ from dynaresize.devices.actor import DeviceActor
 from dynaresize.devices.cluster import NodeInfo, dead_nodes, ensure_ray, this_node
 from dynaresize.devices.network import base_env, is_loopback
 from dynaresize.devices.placement import device_bundle, place_devices
+from dynaresize.devices.settings import DeviceSettings
 
 __all__ = ["DevicePool", "RayDevice", "ensure_ray"]
 
@@ -33,11 +34,11 @@ class RayDevice:
     """The `Device` protocol (rollout, train, resize and recovery ops) over a DeviceActor
     handle; a call on a dead actor raises `ActorDiedError`."""
 
-    def __init__(self, index: int, actor: Any, cfg_dict: dict[str, Any], role: Role) -> None:
+    def __init__(self, index: int, actor: Any, settings: DeviceSettings, role: Role) -> None:
         self.index = index
         self.actor = actor
         self.role = role
-        self._cfg_dict = cfg_dict
+        self._settings = settings
         self._members: tuple[int, ...] = ()
 
     def _rollout_call(self, name: str) -> Any:
@@ -47,7 +48,7 @@ class RayDevice:
         return getattr(self.actor, name).options(concurrency_group=ROLLOUT_GROUP).remote
 
     async def start(self) -> None:
-        await self.actor.configure.remote(self._cfg_dict, self.role.value)
+        await self.actor.configure.remote(self._settings, self.role.value)
 
     async def load_weights(self, version: int, weights: Any) -> None:
         await self._rollout_call("load_weights")(version, weights)
@@ -258,9 +259,10 @@ class DevicePool:
         self._form_world()
         return dead
 
-    def devices(self, cfg_dict: dict[str, Any], roles: tuple[Role, ...]) -> list[RayDevice]:
+    def devices(self, settings: DeviceSettings, roles: tuple[Role, ...]) -> list[RayDevice]:
+        """The devices of a run; each receives its part of the config (`settings`)."""
         assert len(roles) == self.num_devices
-        return [RayDevice(i, a, cfg_dict, roles[i]) for i, a in enumerate(self.actors)]
+        return [RayDevice(i, a, settings, roles[i]) for i, a in enumerate(self.actors)]
 
     def shutdown(self) -> None:
         import ray

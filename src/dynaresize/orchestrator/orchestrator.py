@@ -61,12 +61,14 @@ from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, CheckpointTarget, NullCheckpointer
 from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.orchestrator.faults import FaultInjector
+from dynaresize.orchestrator.loop_parts import LoopParts, TrainSettings
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.recovery import DeviceFaults, NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.rollout_loop import RolloutLoop
 from dynaresize.orchestrator.source import PromptSource
 from dynaresize.orchestrator.state import RunState
+from dynaresize.orchestrator.step_rollout import RolloutSettings
 from dynaresize.orchestrator.streaming import StreamTrainer
 from dynaresize.orchestrator.summary import run_summary
 from dynaresize.orchestrator.switch import NoSwitch, RoleSwitch
@@ -131,16 +133,17 @@ class Orchestrator:
         self.views = RunViews(state, engines, self.resizer, boundary, board, clock,
                               cfg.run.staleness, self.pipelined,
                               cfg.run.staleness == 0 and self.streaming)
-        self.rollout = RolloutLoop(cfg, state, board, engines, self.resizer, self.recovery,
-                                   controller, self.views, source, clock, rundir,
-                                   self.background, injector, self.streaming, self.pipelined,
-                                   switch)
-        self.train = TrainLoop(cfg, state, board, boundary, stepper,
-                               StreamTrainer(clock, rundir, boundary, state, board.changed,
-                                             injector),
-                               self.resizer, self.recovery, self.checkpointer, clock, rundir,
-                               on_step or (lambda record: None), self.streaming, switch,
-                               evaluator)
+        parts = LoopParts(state, board, self.resizer, self.recovery, clock, rundir, switch)
+        self.rollout = RolloutLoop(
+            RolloutSettings.from_config(cfg, self.streaming, self.pipelined), parts,
+            engines=engines, controller=controller, view=self.views, source=source,
+            background=self.background, injector=injector)
+        self.train = TrainLoop(
+            TrainSettings(cfg.run.steps, self.streaming), parts, boundary=boundary,
+            stepper=stepper, streamer=StreamTrainer(clock, rundir, boundary, state,
+                                                    board.changed, injector),
+            checkpointer=self.checkpointer, on_step=on_step or (lambda record: None),
+            evaluator=evaluator)
 
     async def run(self) -> dict[str, Any]:
         state, clock = self.state, self.clock

@@ -23,48 +23,39 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from dynaresize.config import Config
 from dynaresize.control.base import Controller
-from dynaresize.core.rundir import RunDir
 from dynaresize.core.types import Completion
 from dynaresize.orchestrator.background import Background
-from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.engines import EnginePool
 from dynaresize.orchestrator.faults import FaultInjector
-from dynaresize.orchestrator.recovery import NullRecovery, Recovery
-from dynaresize.orchestrator.resizer import Resizer
+from dynaresize.orchestrator.loop_parts import LoopParts
 from dynaresize.orchestrator.source import PromptSource
-from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.step_rollout import RolloutSettings, StepRollout
-from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.orchestrator.view import RunViews
-from dynaresize.protocols import Clock, Device, RolloutOps
+from dynaresize.protocols import Device, RolloutOps
 from dynaresize.rollout.run import RolloutRun, RunSettings
 
 
 class RolloutLoop:
-    def __init__(self, cfg: Config, state: RunState, board: StepBoard, engines: EnginePool,
-                 resizer: Resizer, recovery: Recovery | NullRecovery, controller: Controller,
-                 view: RunViews, source: PromptSource, clock: Clock, rundir: RunDir,
-                 background: Background, injector: FaultInjector | None, streaming: bool,
-                 pipelined: bool, switch: RoleSwitch) -> None:
-        self.settings = RolloutSettings.from_config(cfg)
-        self.state = state
-        self.board = board
+    def __init__(self, settings: RolloutSettings, parts: LoopParts, *, engines: EnginePool,
+                 controller: Controller, view: RunViews, source: PromptSource,
+                 background: Background, injector: FaultInjector | None) -> None:
+        self.settings = settings
+        self.state = parts.state
+        self.board = parts.board
         self.engines = engines
-        self.resizer = resizer
-        self.recovery = recovery
+        self.resizer = parts.resizer
+        self.recovery = parts.recovery
         self.controller = controller
         self.view = view
         self.source = source
-        self.clock = clock
-        self.rundir = rundir
+        self.clock = parts.clock
+        self.rundir = parts.rundir
         self.background = background
         self.injector = injector
-        self.streaming = streaming
-        self.pipelined = pipelined
-        """Step k + 1's rollout starts on the engines step k's tail has emptied (module doc)."""
-        self.switch = switch
+        self.streaming = settings.streaming
+        self.pipelined = settings.pipelined
+        self.switch = parts.switch
         self.num_migrated = 0
         """Requests moved to another engine by tail packing (`RolloutRun.pack_batch`)."""
 

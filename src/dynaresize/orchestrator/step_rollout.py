@@ -48,10 +48,17 @@ class RolloutSettings:
     pack_batch: int
     tail_policy: str
     record_tokens: bool
+    streaming: bool = False
+    """Training streams over completed groups: completions go to a `StepStream`."""
+    pipelined: bool = False
+    """Step k + 1's rollout starts on the engines step k's tail has emptied
+    (`orchestrator.rollout_loop`)."""
 
     @classmethod
-    def from_config(cls, cfg: Config) -> RolloutSettings:
-        return cls(steps=cfg.run.steps, staleness=cfg.run.staleness, seed=cfg.run.seed,
+    def from_config(cls, cfg: Config, streaming: bool = False,
+                    pipelined: bool = False) -> RolloutSettings:
+        return cls(streaming=streaming, pipelined=pipelined,
+                   steps=cfg.run.steps, staleness=cfg.run.staleness, seed=cfg.run.seed,
                    prompts_per_step=cfg.task.prompts_per_step,
                    samples_per_prompt=cfg.task.samples_per_prompt,
                    max_new_tokens=cfg.task.max_new_tokens,

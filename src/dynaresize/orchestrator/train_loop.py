@@ -13,46 +13,39 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dynaresize.config import Config
 from dynaresize.control.base import StepTiming
-from dynaresize.core.rundir import RunDir
 from dynaresize.core.stream import Holdings
 from dynaresize.evaluation.evaluator import Evaluator
-from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, NullCheckpointer
+from dynaresize.orchestrator.loop_parts import LoopParts, TrainSettings
 from dynaresize.orchestrator.plain_step import PlainStep
-from dynaresize.orchestrator.recovery import NullRecovery, Recovery
-from dynaresize.orchestrator.resizer import Resizer
-from dynaresize.orchestrator.state import RunState
 from dynaresize.orchestrator.streaming import StreamTrainer
-from dynaresize.orchestrator.switch import RoleSwitch
-from dynaresize.protocols import Clock, WeightHandle
+from dynaresize.protocols import WeightHandle
 from dynaresize.train.batching import global_num_tokens
 
 
 class TrainLoop:
-    def __init__(self, cfg: Config, state: RunState, board: StepBoard,
+    def __init__(self, settings: TrainSettings, parts: LoopParts, *,
                  boundary: OptimizerBoundary, stepper: PlainStep, streamer: StreamTrainer,
-                 resizer: Resizer, recovery: Recovery | NullRecovery,
-                 checkpointer: Checkpointer | NullCheckpointer, clock: Clock, rundir: RunDir,
-                 on_step: Callable[[dict[str, Any]], None], streaming: bool,
-                 switch: RoleSwitch, evaluator: Evaluator | None = None) -> None:
-        self.cfg = cfg
-        self.state = state
-        self.board = board
+                 checkpointer: Checkpointer | NullCheckpointer,
+                 on_step: Callable[[dict[str, Any]], None],
+                 evaluator: Evaluator | None = None) -> None:
+        self.settings = settings
+        self.state = parts.state
+        self.board = parts.board
         self.boundary = boundary
         self.stepper = stepper
         self.streamer = streamer
-        self.resizer = resizer
+        self.resizer = parts.resizer
         """Read only: the resizes each step committed (its metric record)."""
-        self.recovery = recovery
+        self.recovery = parts.recovery
         self.checkpointer = checkpointer
-        self.clock = clock
-        self.rundir = rundir
+        self.clock = parts.clock
+        self.rundir = parts.rundir
         self.on_step = on_step
-        self.streaming = streaming
-        self.switch = switch
+        self.streaming = settings.streaming
+        self.switch = parts.switch
         self.evaluator = evaluator
         """Held-out evaluation (`evaluation.Evaluator`): its results join the step's record."""
 
@@ -63,9 +56,9 @@ class TrainLoop:
 
     async def run(self) -> None:
         """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
-        cfg, state, board, recovery = self.cfg, self.state, self.board, self.recovery
+        state, board, recovery = self.state, self.board, self.recovery
         prev_end_s = state.t_start_s
-        for step in range(state.start_step, cfg.run.steps):
+        for step in range(state.start_step, self.settings.steps):
             stream, holdings = None, Holdings()
             accumulated_s = 0.0
             if self.streaming:

@@ -37,7 +37,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynaresize.config import Config
+from dynaresize.config import RolloutConfig
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.rollout.engine_base import EngineBase
 from dynaresize.rollout.vllm_world import drop_model_dir, model_dir, private_world
@@ -261,7 +261,8 @@ class VllmRolloutEngine(EngineBase):
         gc.collect()
 
 
-def build_vllm_engine(cfg: Config, template: Any, *, eos_token_id: int, device_index: int,
+def build_vllm_engine(rollout: RolloutConfig, template: Any, *, eos_token_id: int,
+                      device_index: int,
                       torch_device: str) -> VllmRolloutEngine:
     """The engine of a rollout device: `template` (the version-0 transformers model) written
     to /dev/shm for vLLM to load, served with the run's settings; the files go once loaded."""
@@ -269,9 +270,9 @@ def build_vllm_engine(cfg: Config, template: Any, *, eos_token_id: int, device_i
     try:
         return VllmRolloutEngine(model_dir(template), eos_token_id=eos_token_id,
                                  device_index=device_index,
-                                 max_running=cfg.rollout.max_running_requests,
+                                 max_running=rollout.max_running_requests,
                                  max_model_len=max_len,
-                                 kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes,
+                                 kv_cache_bytes=rollout.vllm_kv_cache_bytes,
                                  torch_device=torch_device)
     finally:
         drop_model_dir(template)

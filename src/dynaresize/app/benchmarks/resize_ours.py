@@ -170,7 +170,11 @@ async def run_sequence(pool: Any, cfg: Config, repeats: int,
         raise ValueError("the resize benchmark runs on exactly 4 devices")
     alloc = Allocation.initial(2, 2)
     log: list[dict[str, float]] = []
-    devices = [RecordingDevice(d, log) for d in pool.devices(cfg.to_dict(), alloc.roles)]
+    from dynaresize.devices.settings import DeviceSettings
+    from dynaresize.tasks import make_task
+
+    settings = DeviceSettings.build(cfg, make_task(cfg).tokenizer)
+    devices = [RecordingDevice(d, log) for d in pool.devices(settings, alloc.roles)]
     handle = await _prepare(devices, alloc, cfg)
     hooks = BenchHooks(1, handle)
     executor = ResizeExecutor(devices, RealClock(), RunDir(None), hooks,
