@@ -22,8 +22,8 @@ efficiency 1).
 Completion times are those at which `run_rollout` handed the completion back: exact while
 the scheduler watches progress, the end of the call for a draining one (it returns every
 completion at once when the engine is empty, which for an engine's last request is its
-completion time). The recording wraps `SimDevice.submit` / `run_rollout` in this process
-only; the run itself is the unchanged twin.
+completion time). The twin's recording hook (`sim.device.RolloutRecorder`) sees
+`SimDevice.submit` / `run_rollout` only; the run itself is the unchanged twin.
 """
 
 from __future__ import annotations
@@ -33,16 +33,15 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dynaresize.control.registry import POLICIES
+from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.sim.costs import get_cost_model
-from dynaresize.sim.device import SimDevice
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.oracle import oracle_steps
 from dynaresize.sim.run import search_split
@@ -58,7 +57,8 @@ scheduler's `light_batch`, hysteresis's `tail_batch` default)."""
 
 
 class Requests:
-    """Every request's first submission and its completion (virtual s, tokens)."""
+    """Every request's first submission and its completion (virtual s, tokens): the twin's
+    `RolloutRecorder` (`run_config(..., recorder=)`)."""
 
     def __init__(self) -> None:
         self.submitted: dict[tuple[int, int, int], float] = {}
@@ -66,33 +66,33 @@ class Requests:
         self.drained = 0
         """Completions handed back by a draining call (time: the call's end)."""
 
-
-@contextmanager
-def recording(log: Requests) -> Iterator[None]:
-    """Record submissions and completions of every `SimDevice` while inside."""
-    submit, run_rollout = SimDevice.submit, SimDevice.run_rollout
-
-    async def submit_logged(self: SimDevice, requests: list[Any]) -> None:
-        now_s = self.clock.now()
+    def submitted_at(self, requests: Sequence[RequestSpec | InflightRequest],
+                     now_s: float) -> None:
         for r in requests:
-            spec = getattr(r, "spec", r)
-            log.submitted.setdefault((spec.step, spec.prompt, spec.sample), now_s)
-        await submit(self, requests)
+            spec = r.spec if isinstance(r, InflightRequest) else r
+            self.submitted.setdefault((spec.step, spec.prompt, spec.sample), now_s)
 
-    async def run_logged(self: SimDevice, max_s: float, until_empty: bool = False) -> Any:
-        done = await run_rollout(self, max_s, until_empty)
-        now_s = self.clock.now()
-        for c in done:
-            log.finished[(c.spec.step, c.spec.prompt, c.spec.sample)] = (
+    def finished_at(self, completions: Sequence[Completion], now_s: float,
+                    until_empty: bool) -> None:
+        for c in completions:
+            self.finished[(c.spec.step, c.spec.prompt, c.spec.sample)] = (
                 now_s, c.num_tokens, c.num_prompt_tokens)
-        log.drained += len(done) if until_empty else 0
-        return done
+        self.drained += len(completions) if until_empty else 0
 
-    SimDevice.submit, SimDevice.run_rollout = submit_logged, run_logged  # type: ignore
-    try:
-        yield
-    finally:
-        SimDevice.submit, SimDevice.run_rollout = submit, run_rollout  # type: ignore
+
+class Recorder:
+    """`Requests` as the twin's recording hook."""
+
+    def __init__(self, log: Requests) -> None:
+        self.log = log
+
+    def submitted(self, device: int, requests: Sequence[RequestSpec | InflightRequest],
+                  now_s: float) -> None:
+        self.log.submitted_at(requests, now_s)
+
+    def finished(self, device: int, completions: Sequence[Completion], now_s: float,
+                 until_empty: bool) -> None:
+        self.log.finished_at(completions, now_s, until_empty)
 
 
 def light_s(ends: list[float], num_devices: int, per_device: int = LIGHT_BATCH) -> float:
@@ -188,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = sim_config(wl, split, args.gpus - split, args.steps, staleness, 0, costs)
         cfg.controller.policy = args.policy
         log = Requests()
-        with recording(log):
-            run = run_config(cfg, wl, costs, POLICIES[args.policy](cfg))
+        run = run_config(cfg, wl, costs, POLICIES[args.policy](cfg), recorder=Recorder(log))
         resizes = np.mean([m["num_resizes"] for m in run.rundir.metrics])
         bubble = run.summary["bubble_fraction"]
         oracle = oracle_steps(costs, wl, args.gpus, args.steps, staleness)

@@ -113,11 +113,9 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         clock = RealClock()
         injector = FaultInjector(cfg.faults.kill, pool.kill, clock.now)
 
-        def fail_or_kill(index: int, op: Any) -> bool:
-            return injector.in_resize(orch.state.step, op) or bool(fail_op and fail_op(index, op))
-
         orch = Orchestrator(cfg, devices, clock, task, rundir, on_step=on_step,
-                            fail_op=fail_or_kill, checkpoints=checkpoints,
+                            fail_op=injector.resize_hook(lambda: orch.state.step, fail_op),
+                            checkpoints=checkpoints,
                             resume_from=resume_from, faults=pool,
                             injector=injector if cfg.faults.kill else None,
                             evaluator=evaluator)
@@ -130,10 +128,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
             evals = [evaluator.results[v] for v in sorted(evaluator.results)]
             summary.update(eval_accuracy_first=evals[0]["eval_accuracy"],
                            eval_accuracy_last=evals[-1]["eval_accuracy"])
-        if injector.fired or orch.recovery.records:
-            summary.update(num_faults=len(orch.recovery.records),
-                           faults=orch.recovery.records,
-                           kills=[vars(f) for f in injector.fired])
+        summary.update(injector.summary(orch.recovery.records))
         rundir.summary(summary)
         if cfg.output.save_model and rundir.path is not None:
             _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")

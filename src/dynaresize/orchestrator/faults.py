@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dynaresize.config import KillEntry
 from dynaresize.resize.planner import Op
@@ -86,3 +87,24 @@ class FaultInjector:
     def pending(self) -> list[KillEntry]:
         """Entries that have not fired (e.g. a `resize` kill in a step without a resize)."""
         return list(self._pending)
+
+    def resize_hook(self, step: Callable[[], int],
+                    fail_op: Callable[[int, Op], bool] | None = None
+                    ) -> Callable[[int, Op], bool]:
+        """The executor's `fail(resize_index, op)`: `resize` kills of the step the rollout
+        loop is at (`step()`), then `fail_op` (failure injection, tests)."""
+        def hook(index: int, op: Op) -> bool:
+            return self.in_resize(step(), op) or bool(fail_op and fail_op(index, op))
+        return hook
+
+    def summary(self, records: list[dict[str, Any]], with_pending: bool = False
+                ) -> dict[str, Any]:
+        """The run summary's fault keys (recovery's `records`, the kills that fired and,
+        `with_pending`, those that never did); empty for a run without faults."""
+        if not self.fired and not records and not (with_pending and self._pending):
+            return {}
+        out: dict[str, Any] = {"num_faults": len(records), "faults": records,
+                               "kills": [vars(f) for f in self.fired]}
+        if with_pending:
+            out["kills_not_fired"] = [vars(e) for e in self._pending]
+        return out

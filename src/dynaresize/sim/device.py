@@ -24,7 +24,8 @@ recovery or resize that loses or double-applies an update fails loudly instead o
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 from dynaresize.protocols import Clock, WeightHandle
@@ -43,13 +44,26 @@ _PLANS: dict[tuple[int, int, int, int], tuple[Any, Any, CostModel,
 """Reshard plans by (cost model, old members, new members, staging) object identity."""
 
 
+class RolloutRecorder(Protocol):
+    """A hook that sees every request a `SimDevice` is given and every completion it hands
+    back, in virtual time (e.g. bench/gap.py's per-request timings)."""
+
+    def submitted(self, device: int, requests: Sequence[RequestSpec | InflightRequest],
+                  now_s: float) -> None: ...
+
+    def finished(self, device: int, completions: Sequence[Completion], now_s: float,
+                 until_empty: bool) -> None: ...
+
+
 class SimDevice:
     """One simulated GPU. Consumes requests / train samples; produces modelled time."""
 
     def __init__(self, index: int, costs: CostModel, workload: Workload, clock: Clock,
                  role: Role = Role.IDLE, lengths: Lengths | None = None,
-                 storage: SimStorage | None = None) -> None:
+                 storage: SimStorage | None = None,
+                 recorder: RolloutRecorder | None = None) -> None:
         self.index = index
+        self.recorder = recorder
         self.role = role
         self.costs = costs
         self.workload = workload
@@ -130,6 +144,8 @@ class SimDevice:
 
     async def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
         self._check_alive()
+        if self.recorder is not None:
+            self.recorder.submitted(self.index, requests, self.clock.now())
         self.engine.submit(requests)
 
     async def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Completion]:
@@ -146,6 +162,8 @@ class SimDevice:
             waits.discard(wait)
         if not self.alive:
             raise self._death
+        if self.recorder is not None:
+            self.recorder.finished(self.index, done, self.clock.now(), until_empty)
         return done
 
     async def export_inflight(self) -> list[InflightRequest]:
@@ -326,12 +344,15 @@ class SimDevice:
 
 
 def make_devices(num_devices: int, num_rollout: int, costs: CostModel, workload: Workload,
-                 clock: Clock, processes: SimProcesses | None = None) -> list[Any]:
+                 clock: Clock, processes: SimProcesses | None = None,
+                 recorder: RolloutRecorder | None = None) -> list[Any]:
     """Devices 0..R-1 start as rollout, the rest as training (design §5). They share one
-    checkpoint storage; `processes`, if given, is their process table (kills)."""
+    checkpoint storage; `processes`, if given, is their process table (kills); `recorder`, if
+    given, sees their requests and completions."""
     lengths, storage = Lengths(workload), SimStorage()
     devices = [SimDevice(i, costs, workload, clock,
-                         Role.ROLLOUT if i < num_rollout else Role.TRAIN, lengths, storage)
+                         Role.ROLLOUT if i < num_rollout else Role.TRAIN, lengths, storage,
+                         recorder)
                for i in range(num_devices)]
     for device in devices:
         if processes is not None:

@@ -35,7 +35,7 @@ from dynaresize.orchestrator.checkpoint import CheckpointTarget
 from dynaresize.orchestrator.faults import FaultInjector
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
-from dynaresize.sim.device import make_devices
+from dynaresize.sim.device import RolloutRecorder, make_devices
 from dynaresize.sim.faults import SimProcesses
 from dynaresize.sim.workloads import StepRequests, Workload
 
@@ -175,15 +175,17 @@ async def _inline_io(run: Coroutine[Any, Any, Any]) -> Any:
 
 def run_config(cfg: Config, workload: Workload, costs: CostModel,
                controller: Controller | None = None,
-               out_dir: str | Path | None = None) -> SimRun:
+               out_dir: str | Path | None = None,
+               recorder: RolloutRecorder | None = None) -> SimRun:
     """Run `cfg` (allocation, schedule, steps, staleness, faults, checkpoints) on SimDevices
     charged by `costs`, lengths from `workload`; `controller` overrides
     `cfg.controller.policy`. Writes config.toml, metrics/events/samples.jsonl and
-    summary.json to `out_dir` if given."""
+    summary.json to `out_dir` if given. `recorder` sees every request and completion of the
+    devices (`sim.device.RolloutRecorder`)."""
     clock = VirtualClock()
     processes = SimProcesses()
     devices = make_devices(cfg.num_devices, cfg.allocation.num_rollout_devices, costs,
-                           workload, clock, processes)
+                           workload, clock, processes, recorder)
     rundir = RunDir(out_dir)
     rundir.write_config(to_toml(cfg))
     with ExitStack() as stack:
@@ -196,22 +198,19 @@ def run_config(cfg: Config, workload: Workload, costs: CostModel,
         recover = bool(cfg.faults.kill) or checkpoints is not None
         injector = FaultInjector(cfg.faults.kill, processes.kill, clock.now) if recover else None
 
-        def kill_in_resize(index: int, op: Any) -> bool:
-            return injector is not None and injector.in_resize(orch.state.step, op)
-
         try:
             orch = Orchestrator(cfg, devices, clock, SimPromptSource(workload), rundir,
                                 controller=controller, checkpoints=checkpoints,
-                                fail_op=kill_in_resize if cfg.faults.kill else None,
+                                fail_op=injector.resize_hook(lambda: orch.state.step)
+                                if injector is not None and cfg.faults.kill else None,
                                 faults=processes if recover else None,
                                 injector=injector if cfg.faults.kill else None)
             with no_gc():
                 summary = clock.run(_inline_io(orch.run()) if checkpoints else orch.run())
-            if injector is not None and (cfg.faults.kill or orch.recovery.records):
-                summary.update(num_faults=len(orch.recovery.records),
-                               faults=orch.recovery.records,
-                               kills=[vars(f) for f in injector.fired],
-                               kills_not_fired=[vars(e) for e in injector.pending])
+            faults = injector.summary(orch.recovery.records, with_pending=True) \
+                if injector is not None else {}
+            if faults:
+                summary.update(faults)
                 rundir.summary(summary)
         finally:
             rundir.close()
