@@ -13,7 +13,7 @@ import pytest
 from dynaresize.control.base import Move, RunView
 from dynaresize.control.fixed import FixedSplit
 from dynaresize.orchestrator.background import Background
-from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.workloads import get_workload

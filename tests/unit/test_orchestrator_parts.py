@@ -141,7 +141,7 @@ def test_a_device_joining_between_runs_loads_the_loops_version_or_the_newest_kep
     and the store already dropped it (then the newest)."""
     from types import SimpleNamespace
 
-    from dynaresize.orchestrator.engines import EnginePool
+    from dynaresize.orchestrator.engine_pool import EnginePool
     from dynaresize.orchestrator.state import VersionStore
 
     async def scenario() -> list[int]:

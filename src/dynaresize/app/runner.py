@@ -63,7 +63,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.orchestrator.checkpoint import CheckpointTarget
     from dynaresize.orchestrator.checkpoint_files import read_latest
-    from dynaresize.orchestrator.faults import FaultInjector
+    from dynaresize.orchestrator.fault_injection import FaultInjector
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)

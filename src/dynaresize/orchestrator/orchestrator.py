@@ -59,8 +59,8 @@ from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, CheckpointTarget, NullCheckpointer
-from dynaresize.orchestrator.engines import EnginePool
-from dynaresize.orchestrator.faults import FaultInjector
+from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts, TrainSettings
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.recovery import DeviceFaults, NullRecovery, Recovery

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from dynaresize.core.samples import StepSamples
-from dynaresize.orchestrator.faults import FaultInjector
+from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.protocols import Clock, Device
 from dynaresize.train.batching import global_num_tokens, plan_step
 

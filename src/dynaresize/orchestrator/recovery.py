@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from dynaresize.core.rundir import RunDir
 from dynaresize.core.samples import StepSamples
-from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, RolloutOps

@@ -14,7 +14,7 @@ from typing import Any
 
 from dynaresize.control.base import Move
 from dynaresize.orchestrator.boundary import OptimizerBoundary
-from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock

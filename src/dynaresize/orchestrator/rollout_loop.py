@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dynaresize.control.base import Controller
 from dynaresize.core.types import Completion
 from dynaresize.orchestrator.background import Background
-from dynaresize.orchestrator.engines import EnginePool
-from dynaresize.orchestrator.faults import FaultInjector
+from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts
 from dynaresize.orchestrator.source import PromptSource
 from dynaresize.orchestrator.step_rollout import RolloutSettings, StepRollout

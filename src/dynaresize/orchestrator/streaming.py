@@ -25,7 +25,7 @@ from typing import Any
 from dynaresize.core.rundir import RunDir
 from dynaresize.core.stream import Holdings, StepStream
 from dynaresize.orchestrator.boundary import OptimizerBoundary
-from dynaresize.orchestrator.faults import FaultInjector
+from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dynaresize.control.base import RunView
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
-from dynaresize.orchestrator.engines import EnginePool
+from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock

@@ -6,7 +6,7 @@ one through it. Both derive from `EngineBase`, which holds what they do alike: t
 the guard on loading weights while requests of another version run, queueing (`add`, with
 request validation), the checks a request passes before it is admitted, and the `run` loop
 over `step`. How a request is decoded (`step`, `export_inflight`) is each engine's own. The
-twin's engine (`sim.engine.SimEngine`) works in modelled time and is held by `SimDevice`
+twin's engine (`sim.engine_model.SimEngine`) works in modelled time and is held by `SimDevice`
 behind the same device seam (`protocols.RolloutOps`), not through `Engine`.
 """
 

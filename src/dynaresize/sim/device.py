@@ -32,7 +32,7 @@ from dynaresize.protocols import Clock, WeightHandle
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device_types import Lengths, SimCompletion, SimInflight, sorted_members
-from dynaresize.sim.engine import SimEngine
+from dynaresize.sim.engine_model import SimEngine
 from dynaresize.sim.faults import DeviceDied, SimProcesses, SimStorage, fail_waits
 from dynaresize.sim.workloads import Workload
 

@@ -1,8 +1,9 @@
 """Device deaths and checkpoint storage of the digital twin: the sim side of `RecoveryOps`.
 
 `SimProcesses` is the twin's process table, the stand-in of `DevicePool` for `recovery.py` and
-`faults.py`: `kill(index)` kills a simulated device, `is_alive(index)` is what recovery's "is
-the process gone?" check asks, `new_store()` names a fresh rendezvous (nothing listens).
+`orchestrator/fault_injection.py`: `kill(index)` kills a simulated device, `is_alive(index)`
+is what recovery's "is the process gone?" check asks, `new_store()` names a fresh rendezvous
+(nothing listens).
 
 What a death does, as it does to a Ray actor killed with SIGKILL:
 

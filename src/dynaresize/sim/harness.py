@@ -32,7 +32,7 @@ from dynaresize.core.rundir import RunDir
 from dynaresize.core.timeline import idle_device_s_per_step
 from dynaresize.orchestrator import Orchestrator
 from dynaresize.orchestrator.checkpoint import CheckpointTarget
-from dynaresize.orchestrator.faults import FaultInjector
+from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device import RolloutRecorder, make_devices
