@@ -24,7 +24,6 @@ import asyncio
 from collections.abc import Callable
 
 from dynaresize.control.base import Controller
-from dynaresize.core.types import Completion
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.fault_injection import FaultInjector
@@ -67,7 +66,7 @@ class RolloutLoop:
             state.enter_step(step)
             prompts = self.source.batch(step, settings.prompts_per_step, settings.seed)
             rollout = StepRollout(step, settings, list(prompts), self.source, self.clock,
-                                  self.streaming)
+                                  self.board.changed, self._watch)
             version = rollout.version
             handle = await state.versions.wait(version)  # the controller sees that step's timing
             # what a device a step-start resize brings to the rollout loads (`current_weights`;
@@ -121,7 +120,7 @@ class RolloutLoop:
                 light_batch=settings.tail_batch, pack_batch=settings.pack_batch,
                 tail_order=policy != "off", spread=policy == "spread" and not self.pipelined)
             return RolloutRun(self.clock, rollout.specs, run_settings,
-                              self._on_completions(rollout), self._on_lost(rollout),
+                              rollout.receive, self._on_lost(rollout),
                               drain=self._may_drain, may_spread=self._may_spread,
                               arrivals=self.engines if self.pipelined else None)
 
@@ -132,17 +131,6 @@ class RolloutLoop:
         self.board.post_width(rollout.step, len(self.state.allocation.rollout) if self.pipelined
                               else len(ready))
         return run
-
-    def _on_completions(self, rollout: StepRollout) -> Callable[[list[Completion]], None]:
-        """The run's completion stream: the step takes its completions (rewards, streamed
-        micro-batches), then the watchers see the progress."""
-        changed = self.board.changed
-
-        def on_completions(done: list[Completion]) -> None:
-            if rollout.receive(done):
-                changed.set()
-            self._watch(rollout)
-        return on_completions
 
     def _watch(self, rollout: StepRollout) -> None:
         """Progress for the watchers: fault kills at a share of the rollout, the

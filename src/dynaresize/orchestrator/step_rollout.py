@@ -80,7 +80,10 @@ class StepRollout:
     """Step `step`'s rollout (module docstring). Written only through its own methods."""
 
     def __init__(self, step: int, settings: RolloutSettings, prompts: Sequence[PromptLike],
-                 source: PromptSource, clock: Clock, streaming: bool) -> None:
+                 source: PromptSource, clock: Clock, changed: asyncio.Event,
+                 watch: Callable[[StepRollout], None]) -> None:
+        """`changed`: set when streamed micro-batches become ready (the train loop looks);
+        `watch(self)`: the rollout loop's watchers, after every batch of completions."""
         self.step = step
         self.version = settings.version_for(step)
         self.settings = settings
@@ -89,8 +92,10 @@ class StepRollout:
         self.prompts: dict[int, PromptLike] = {p.id: p for p in prompts}
         self.specs: list[RequestSpec] = self.requests(prompts)
         self.rewards: dict[tuple[int, int], float] = {}
+        self.changed = changed
+        self.watch = watch
         self.stream: StepStream | None = None
-        if streaming:
+        if settings.streaming:
             self.stream = StepStream(step, self.version, list(self.prompts),
                                      settings.samples_per_prompt, settings.micro_batch_size,
                                      settings.max_tokens_per_micro_batch)
@@ -130,18 +135,18 @@ class StepRollout:
         self.run = make_run(self)
         return self.run
 
-    def receive(self, done: list[Completion]) -> bool:
-        """Completions from the run: reward each, add it to the stream. Returns whether
-        streamed micro-batches became ready."""
-        changed = False
+    def receive(self, done: list[Completion]) -> None:
+        """The run's completion stream: reward each completion, add it to the step's
+        stream (`changed` is set when micro-batches become ready), then let the watchers see
+        the progress."""
         stream = self.stream
         for c in done:
             key = (c.spec.prompt, c.spec.sample)
             reward = self.rewards[key] = self.source.reward(self.prompts[c.spec.prompt],
                                                             list(c.tokens))
             if stream is not None and stream.add(c, reward, self.clock.now()):
-                changed = True
-        return changed
+                self.changed.set()
+        self.watch(self)
 
     def fire(self, resize: asyncio.Future[Any]) -> None:
         """A resize the step's moves started."""
