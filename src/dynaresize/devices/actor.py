@@ -59,7 +59,7 @@ class DeviceActor:
         self.rank_of = {i: i for i in range(world_size)}
         """Device index → world rank (identity until a world rebuild drops dead devices)."""
         if store is not None:  # else the pool forms the world (`rebuild_world`)
-            init_world(self, store, self.rank_of)
+            init_world(backend, store, self.rank_of, index, pg_timeout_s)
         self.groups: dict[tuple[int, ...], Any] = {}
         self.group_creations = 0
         self.engine: Engine | None = None
@@ -301,10 +301,26 @@ class DeviceActor:
     def rebuild_world(self, store: str, ranks: dict[int, int],
                       train_members: tuple[int, ...], optimizer_step: int,
                       keep_train_state: bool) -> None:
-        """Collective over the surviving devices: a fresh world group (see `devices.world`)."""
-        from dynaresize.devices.world import rebuild_world
+        """Collective over the surviving devices: a fresh world group, ranks renumbered, the
+        training group rebuilt with the kept shards (the steps of `devices.world`)."""
+        from dynaresize.devices.world import keep_shards, leave_world, restore_shards
 
-        rebuild_world(self, store, ranks, train_members, optimizer_step, keep_train_state)
+        kept = keep_shards(self.trainer) \
+            if keep_train_state and self.trainer is not None else None
+        self.trainer = self._next_trainer = self._old_trainer = None
+        self.groups.clear()
+        leave_world()
+        self.rank_of = {int(d): int(r) for d, r in ranks.items()}
+        self.world_size = len(ranks)
+        init_world(self.backend, store, self.rank_of, self.index, self.pg_timeout_s)
+        members = tuple(sorted(train_members))
+        if not members:
+            return
+        self.group(members)
+        if self.index not in members:
+            return
+        self.trainer = self._new_trainer(members)
+        restore_shards(self.trainer, kept, optimizer_step)
 
     def stats(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "group_creations": self.group_creations,

@@ -10,11 +10,11 @@ interface (`::`). Each world (start-up, every rebuild) gets a fresh store, so ke
 collide; a store dies with its host, which is why a rebuild opens a new one on a survivor.
 Subgroups (`DeviceActor.group`, the communicator cache) rendezvous through the world's store.
 
-Re-forming the world after a device died (`rebuild_world`). With gloo, a collective that
-includes a dead rank fails ("connection closed by peer") or, if the peer hangs, times out after
-`faults.timeout_s` (`init_process_group(timeout=...)`); the world's store may have died with
-its host; and `new_group` needs every world rank. So the survivors leave the old world and form
-a new one:
+Re-forming the world after a device died (`DeviceActor.rebuild_world`, with the helpers here).
+With gloo, a collective that includes a dead rank fails ("connection closed by peer") or, if
+the peer hangs, times out after `faults.timeout_s` (`init_process_group(timeout=...)`); the
+world's store may have died with its host; and `new_group` needs every world rank. So the
+survivors leave the old world and form a new one:
 
 1. each survivor keeps a CPU copy of its training shards if its group lost nobody
    (`keep_train_state`): the training members keep their order, so rank r of the new training
@@ -83,47 +83,41 @@ def connect_store(address: str, world_size: int, timeout_s: float) -> Any:
     return store
 
 
-def init_world(actor: Any, store: str, ranks: dict[int, int]) -> None:
-    """Join the world group whose rendezvous is `store`, as rank `ranks[actor.index]`."""
+def init_world(backend: str, store: str, ranks: dict[int, int], index: int,
+               pg_timeout_s: float) -> None:
+    """Join the world group whose rendezvous is `store`, as rank `ranks[index]`."""
     import torch.distributed as dist
 
-    actor.rank_of = {int(d): int(r) for d, r in ranks.items()}
-    actor.world_size = len(ranks)
-    dist.init_process_group(actor.backend,
-                            store=connect_store(store, len(ranks), actor.pg_timeout_s),
-                            rank=actor.rank_of[actor.index], world_size=len(ranks),
-                            timeout=timedelta(seconds=actor.pg_timeout_s))
+    dist.init_process_group(backend, store=connect_store(store, len(ranks), pg_timeout_s),
+                            rank=ranks[index], world_size=len(ranks),
+                            timeout=timedelta(seconds=pg_timeout_s))
 
 
-def rebuild_world(actor: Any, store: str, ranks: dict[int, int],
-                  train_members: tuple[int, ...], optimizer_step: int,
-                  keep_train_state: bool) -> None:
-    """See the module docstring. `actor` is the DeviceActor of this process."""
-    import torch
+def keep_shards(trainer: Any) -> dict[str, Any]:
+    """A CPU copy of `trainer`'s training shards (step 1 of the module docstring)."""
+    return {k: v.detach().clone() for k, v in trainer.local_shards().items()}
+
+
+def leave_world() -> None:
+    """Drop the world group and every cached subgroup (step 2)."""
     import torch.distributed as dist
 
-    kept: dict[str, torch.Tensor] | None = None
-    if keep_train_state and actor.trainer is not None:
-        kept = {k: v.detach().clone() for k, v in actor.trainer.local_shards().items()}
-    actor.trainer = actor._next_trainer = actor._old_trainer = None
-    actor.groups.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
-    init_world(actor, store, ranks)
-    members = tuple(sorted(train_members))
-    if not members:
-        return
-    actor.group(members)
-    if actor.index not in members:
-        return
-    actor.trainer = actor._new_trainer(members)
+
+
+def restore_shards(trainer: Any, kept: dict[str, Any] | None, optimizer_step: int) -> None:
+    """Copy the kept shards into a rebuilt trainer (step 4; None: it starts from version 0),
+    then sync its replica (collective over the training group)."""
+    import torch
+
     if kept is not None:
-        actor.trainer.init_optimizer_state(optimizer_step)
-        shards = actor.trainer.local_shards()
+        trainer.init_optimizer_state(optimizer_step)
+        shards = trainer.local_shards()
         if set(kept) - set(shards):
             raise RuntimeError(f"kept shards {sorted(set(kept) - set(shards))[:3]} have no "
                                "place in the rebuilt trainer")
         with torch.no_grad():
             for name, value in kept.items():
                 shards[name].copy_(value)
-    actor.trainer.sync_replica()  # collective over members: exact reduction's replica
+    trainer.sync_replica()  # collective over members: exact reduction's replica
