@@ -44,6 +44,47 @@ class RunStopped(RuntimeError):
     """`stop_after_steps` ended the run early (a stand-in for a pre-emption in tests)."""
 
 
+def _start_ray(cfg: Config, address: str | None, progress: Progress) -> bool:
+    """Start or join the Ray cluster for `cfg`'s devices; True if this call started it."""
+    from dynaresize.devices.ray_device import ensure_ray
+
+    alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
+                               cfg.allocation.num_train_devices)
+    address = address or cfg.ray.address
+    where = f"the Ray cluster at {address}" if address else "a local Ray cluster (loopback)"
+    progress.message(f"starting {cfg.num_devices} {cfg.devices.type} devices "
+                     f"({alloc.describe()}) on {where}")
+    return ensure_ray(address, num_cpus=max(cfg.num_devices * cfg.devices.threads_per_device, 2))
+
+
+def _without_done_schedule(cfg: Config, num_done: int) -> Config:
+    """A copy of `cfg` whose `[[resize.schedule]]` lacks the steps a resume already did."""
+    return replace(cfg, resize=replace(
+        cfg.resize, schedule=[e for e in cfg.resize.schedule if e.step >= num_done]))
+
+
+def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
+    """After a run: stop a pool this run started (a shared one is made whole again for the
+    next run), and the Ray cluster if this run started it."""
+    if own_pool and pool is not None:
+        pool.shutdown()
+    elif pool is not None:
+        pool.repair()
+    if started_ray:
+        import ray
+
+        ray.shutdown()
+
+
+def _eval_summary(evaluator: Any) -> dict[str, Any]:
+    """The first and last held-out accuracy (none without evaluation results)."""
+    if evaluator is None or not evaluator.results:
+        return {}
+    evals = [evaluator.results[v] for v in sorted(evaluator.results)]
+    return {"eval_accuracy_first": evals[0]["eval_accuracy"],
+            "eval_accuracy_last": evals[-1]["eval_accuracy"]}
+
+
 def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None = None,
                  pool: Any = None, progress: Progress | None = None,
                  fail_op: Any = None, resume: bool = False,
@@ -57,7 +98,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     `resume`: continue `out_dir` from its latest checkpoint (see `checkpoint`).
     `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
     from dynaresize.app.metric_sinks import make_sinks
-    from dynaresize.devices.ray_device import DevicePool, ensure_ray
+    from dynaresize.devices.ray_device import DevicePool
     from dynaresize.devices.settings import DeviceSettings
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.orchestrator import Orchestrator
@@ -69,9 +110,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)
     resume_from = read_latest(out_dir) if resume else None
     if resume_from is not None:  # the schedule's steps already done are not redone
-        num_done = resume_from[1].num_steps
-        cfg = replace(cfg, resize=replace(
-            cfg.resize, schedule=[e for e in cfg.resize.schedule if e.step >= num_done]))
+        cfg = _without_done_schedule(cfg, resume_from[1].num_steps)
     rundir = RunDir(out_dir, resume_step=resume_from[1].num_steps if resume_from else None)
     rundir.write_config(to_toml(cfg))
     started_ray = False
@@ -79,15 +118,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     evaluator = None
     try:
         if own_pool:
-            alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
-                                       cfg.allocation.num_train_devices)
-            address = address or cfg.ray.address
-            where = f"the Ray cluster at {address}" if address else \
-                "a local Ray cluster (loopback)"
-            progress.message(f"starting {cfg.num_devices} {cfg.devices.type} devices "
-                             f"({alloc.describe()}) on {where}")
-            started_ray = ensure_ray(address, num_cpus=max(
-                cfg.num_devices * cfg.devices.threads_per_device, 2))
+            started_ray = _start_ray(cfg, address, progress)
             pool = DevicePool(cfg.num_devices, cfg.devices.type,
                               cfg.devices.threads_per_device, cfg.faults.timeout_s,
                               cfg.ray.placement, cfg.ray.placement_timeout_s,
@@ -123,12 +154,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         summary = asyncio.run(orch.run())
         progress.close()
         summary.update(nodes=pool.num_nodes,
-                       device_nodes=[pool.node_of[i] for i in range(pool.num_devices)])
-        if evaluator is not None and evaluator.results:  # first and last held-out accuracy
-            evals = [evaluator.results[v] for v in sorted(evaluator.results)]
-            summary.update(eval_accuracy_first=evals[0]["eval_accuracy"],
-                           eval_accuracy_last=evals[-1]["eval_accuracy"])
-        summary.update(injector.summary(orch.recovery.records))
+                       device_nodes=[pool.node_of[i] for i in range(pool.num_devices)],
+                       **_eval_summary(evaluator), **injector.summary(orch.recovery.records))
         rundir.summary(summary)
         if cfg.output.save_model and rundir.path is not None:
             _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")
@@ -136,11 +163,4 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     finally:
         stop_ray_evaluator(evaluator)
         rundir.close()
-        if own_pool and pool is not None:
-            pool.shutdown()
-        elif pool is not None:
-            pool.repair()  # a shared pool is whole again for the next run
-        if started_ray:
-            import ray
-
-            ray.shutdown()
+        _release(pool, own_pool, started_ray)

@@ -59,106 +59,127 @@ async def train_session(clock: Clock, rundir: RunDir, step: int, stream: StepStr
     watcher waits for `changed` and wakes as many parked trainers as there are new
     micro-batches (all of them on stop or once the stream is complete), so a ready
     micro-batch costs one wake-up, not one per idle trainer. Returns the device-seconds spent."""
-    taken: set[int] = set()
-    busy_s = [0.0]
-    cursor = [0]  # stream.ready[:cursor] is held or taken (both only grow within a session)
-    parked: list[asyncio.Future[None]] = []
-    loop = asyncio.get_running_loop()
-    ends_s: dict[int, float] = {}
-    """Trainer -> when its micro-batch in flight is expected to end (backfill only)."""
+    session = _Session(clock, rundir, step, stream, holdings, changed, stop, rate)
+    watcher = asyncio.ensure_future(session.watch())
+    try:
+        await asyncio.gather(*(session.pull(d) for d in trainers))
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    return session.busy_s
 
-    def backfill() -> int | None:
+
+class _Session:
+    """The state of one `train_session` (its docstring), shared by its trainers' `pull`s and
+    its `watch`er."""
+
+    def __init__(self, clock: Clock, rundir: RunDir, step: int, stream: StepStream,
+                 holdings: Holdings, changed: asyncio.Event, stop: Callable[[], bool],
+                 rate: TrainRate | None) -> None:
+        self.clock, self.rundir, self.step, self.stream = clock, rundir, step, stream
+        self.holdings, self.changed, self.stop, self.rate = holdings, changed, stop, rate
+        self.taken: set[int] = set()
+        self.busy_s = 0.0
+        self.cursor = 0
+        """stream.ready[:cursor] is held or taken (both only grow within a session)."""
+        self.parked: list[asyncio.Future[None]] = []
+        self.loop = asyncio.get_running_loop()
+        self.ends_s: dict[int, float] = {}
+        """Trainer -> when its micro-batch in flight is expected to end (backfill only)."""
+        self.largest: list[tuple[int, int]] = []
+        """(-tokens, index) of the ready micro-batches seen so far: a trainer takes the
+        largest one neither held nor taken (LPT order: what is left at the end is small)."""
+        self.seen = 0
+
+    def backfill(self) -> int | None:
         """Index in stream.ready of a micro-batch a free trainer can take while a resize
         waits: expected to end before the last micro-batch in flight does."""
-        if rate is None or not ends_s:
+        rate, stream = self.rate, self.stream
+        if rate is None or not self.ends_s:
             return None
-        deadline_s, now_s, ready = max(ends_s.values()), clock.now(), stream.ready
-        for i in range(takeable(), len(ready)):
+        deadline_s, now_s, ready = max(self.ends_s.values()), self.clock.now(), stream.ready
+        for i in range(self.takeable(), len(ready)):
             m = ready[i]
-            if m in holdings.held_by or m in taken:
+            if m in self.holdings.held_by or m in self.taken:
                 continue
             need_s = rate.estimate_s(stream.micro_batch_tokens(m))
             if need_s is not None and now_s + need_s <= deadline_s:
                 return i
         return None
 
-    def takeable() -> int:
+    def takeable(self) -> int:
         """Index in stream.ready of the first micro-batch neither held nor taken."""
-        ready, i = stream.ready, cursor[0]
-        while i < len(ready) and (ready[i] in holdings.held_by or ready[i] in taken):
+        ready, i = self.stream.ready, self.cursor
+        while i < len(ready) and (ready[i] in self.holdings.held_by or ready[i] in self.taken):
             i += 1
-        cursor[0] = i
+        self.cursor = i
         return i
 
-    largest: list[tuple[int, int]] = []
-    """(-tokens, index) of the ready micro-batches seen so far: a trainer takes the largest
-    one neither held nor taken (LPT order: what is left at the end is small)."""
-    seen = [0]
-
-    def next_largest() -> int | None:
-        ready = stream.ready
-        while seen[0] < len(ready):
-            m = ready[seen[0]]
-            seen[0] += 1
-            heapq.heappush(largest, (-stream.micro_batch_tokens(m), m))
-        while largest and (largest[0][1] in holdings.held_by or largest[0][1] in taken):
+    def next_largest(self) -> int | None:
+        ready, largest = self.stream.ready, self.largest
+        while self.seen < len(ready):
+            m = ready[self.seen]
+            self.seen += 1
+            heapq.heappush(largest, (-self.stream.micro_batch_tokens(m), m))
+        while largest and (largest[0][1] in self.holdings.held_by
+                           or largest[0][1] in self.taken):
             heapq.heappop(largest)
         return largest[0][1] if largest else None
 
-    def wake(n: int) -> None:
+    def wake(self, n: int) -> None:
+        parked = self.parked
         while parked and n > 0:
             fut = parked.pop()
             if not fut.done():
                 fut.set_result(None)
                 n -= 1
 
-    async def watch() -> None:
+    async def watch(self) -> None:
+        changed, stream = self.changed, self.stream
         while True:
             await changed.wait()
             changed.clear()
-            if stop() or stream.complete:
-                wake(len(parked))
+            if self.stop() or stream.complete:
+                self.wake(len(self.parked))
             else:
-                wake(len(stream.ready) - takeable())
+                self.wake(len(stream.ready) - self.takeable())
 
-    async def pull(device: Device) -> None:
+    async def pull(self, device: Device) -> None:
+        stream = self.stream
         while True:
-            if stop():
-                found = backfill()
+            if self.stop():
+                found = self.backfill()
                 if found is None:
                     return
                 m: int | None = stream.ready[found]
             else:
-                m = next_largest()
+                m = self.next_largest()
             if m is None:  # nothing ready and unheld: park
                 if stream.complete:
                     return
-                fut = loop.create_future()
-                parked.append(fut)
+                fut = self.loop.create_future()
+                self.parked.append(fut)
                 await fut
                 continue
-            taken.add(m)
-            tokens = stream.micro_batch_tokens(m)
-            t0 = clock.now()
-            expected_s = rate.estimate_s(tokens) if rate is not None else None
-            if expected_s is not None:
-                ends_s[device.index] = t0 + expected_s
-            await device.train_accumulate(step, [(m, stream.micro_batch(m))])
-            t1 = clock.now()
-            ends_s.pop(device.index, None)
-            if rate is not None:
-                rate.add(t1 - t0, tokens)
-            holdings.held_by[m] = device.index
-            busy_s[0] += t1 - t0
-            rundir.event(t0, t1, device.index, "train", critical=True, step=step)
+            await self.train(device, m)
 
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await asyncio.gather(*(pull(d) for d in trainers))
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
-    return busy_s[0]
+    async def train(self, device: Device, m: int) -> None:
+        """`device` accumulates micro-batch `m`'s gradient and holds it."""
+        clock, rate = self.clock, self.rate
+        self.taken.add(m)
+        tokens = self.stream.micro_batch_tokens(m)
+        t0 = clock.now()
+        expected_s = rate.estimate_s(tokens) if rate is not None else None
+        if expected_s is not None:
+            self.ends_s[device.index] = t0 + expected_s
+        await device.train_accumulate(self.step, [(m, self.stream.micro_batch(m))])
+        t1 = clock.now()
+        self.ends_s.pop(device.index, None)
+        if rate is not None:
+            rate.add(t1 - t0, tokens)
+        self.holdings.held_by[m] = device.index
+        self.busy_s += t1 - t0
+        self.rundir.event(t0, t1, device.index, "train", critical=True, step=self.step)
 
 
 class StreamTrainer:
