@@ -161,6 +161,33 @@ def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, ste
     return row
 
 
+def _checked_policies(policies: tuple[str, ...] | None, faults: bool) -> tuple[str, ...]:
+    """The policies to run (default: `default_policies()`); ValueError for an unknown one
+    (with faults: only the orchestrator's policies)."""
+    known = load_policies()
+    if faults:
+        known = tuple(p for p in known if p not in NOT_ORCHESTRATOR)
+    policies = tuple(policies) if policies is not None else tuple(
+        p for p in default_policies() if p in known)
+    unknown = [p for p in policies if p not in known]
+    if unknown:
+        why = " (with faults: the orchestrator's policies)" if faults else ""
+        raise ValueError(f"policy {unknown[0]!r}: allowed{why}: {', '.join(known)}")
+    return policies
+
+
+def _check_shape(gpus: int, steps: int, split: int | None, staleness: int) -> None:
+    """ValueError for a run shape `simulate` cannot run."""
+    if gpus < 2:
+        raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
+    if steps < 1:
+        raise ValueError(f"steps = {steps}: must be >= 1")
+    if split is not None and not 1 <= split < gpus:
+        raise ValueError(f"split = {split}: must be in 1..{gpus - 1} rollout devices")
+    if staleness not in (0, 1):
+        raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy), 1 (one-step-off)")
+
+
 def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | None = None,
              steps: int = 50, staleness: int = 1, seed: int = 0,
              cost_model: str | CostModel = "h100-7b", requests_per_step: int | None = None,
@@ -173,23 +200,8 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
     given, receives (wall s, CPU s) of the twin's own cost per policy and for the split
     `search` (bench/sim_scaling.py). `faults`: see the module docstring. Raises ValueError
     for bad input (ConfigError, a ValueError, for a bad fault entry)."""
-    known = load_policies()
-    if faults:
-        known = tuple(p for p in known if p not in NOT_ORCHESTRATOR)
-    policies = tuple(policies) if policies is not None else tuple(
-        p for p in default_policies() if p in known)
-    unknown = [p for p in policies if p not in known]
-    if unknown:
-        why = " (with faults: the orchestrator's policies)" if faults else ""
-        raise ValueError(f"policy {unknown[0]!r}: allowed{why}: {', '.join(known)}")
-    if gpus < 2:
-        raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
-    if steps < 1:
-        raise ValueError(f"steps = {steps}: must be >= 1")
-    if split is not None and not 1 <= split < gpus:
-        raise ValueError(f"split = {split}: must be in 1..{gpus - 1} rollout devices")
-    if staleness not in (0, 1):
-        raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy), 1 (one-step-off)")
+    policies = _checked_policies(policies, bool(faults))
+    _check_shape(gpus, steps, split, staleness)
     wl = workload if isinstance(workload, Workload) else resolve_workload(
         workload, seed=seed, requests_per_step=requests_per_step)
     costs = cost_model if isinstance(cost_model, CostModel) else get_cost_model(cost_model)
