@@ -36,7 +36,10 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dynaresize.train.trainer import FSDPTrainer
 
 STORE_SCHEME = "tcp://"
 
@@ -93,7 +96,7 @@ def init_world(backend: str, store: str, ranks: dict[int, int], index: int,
                             timeout=timedelta(seconds=pg_timeout_s))
 
 
-def keep_shards(trainer: Any) -> dict[str, Any]:
+def keep_shards(trainer: FSDPTrainer) -> dict[str, Any]:
     """A CPU copy of `trainer`'s training shards (step 1 of the module docstring)."""
     return {k: v.detach().clone() for k, v in trainer.local_shards().items()}
 
@@ -106,7 +109,8 @@ def leave_world() -> None:
         dist.destroy_process_group()
 
 
-def restore_shards(trainer: Any, kept: dict[str, Any] | None, optimizer_step: int) -> None:
+def restore_shards(trainer: FSDPTrainer, kept: dict[str, Any] | None,
+                   optimizer_step: int) -> None:
     """Copy the kept shards into a rebuilt trainer (step 4; None: it starts from version 0),
     then sync its replica (collective over the training group)."""
     import torch

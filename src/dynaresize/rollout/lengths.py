@@ -39,6 +39,14 @@ class _Group:
     progress: int = 0
     """Most tokens a still-running request of the group is known to have generated."""
 
+    def progressed(self, num_tokens: int) -> None:
+        self.progress = max(self.progress, num_tokens)
+
+    def finished(self, num_tokens: int, log_tokens: float) -> None:
+        self.num_finished += 1
+        self.sum_log += log_tokens
+        self.longest = max(self.longest, num_tokens)
+
 
 @dataclass
 class LengthPredictor:
@@ -66,16 +74,13 @@ class LengthPredictor:
 
     def progressed(self, key: Key, num_tokens: int) -> None:
         """`key` is known to have generated `num_tokens` and to be unfinished (exported)."""
-        group = self._group(key[0])
-        group.progress = max(group.progress, num_tokens)
+        self._group(key[0]).progressed(num_tokens)
 
     def finished(self, key: Key, num_tokens: int, now_s: float) -> None:
         """`key` completed with `num_tokens` response tokens at `now_s`."""
         group = self._group(key[0])
         log_tokens = math.log(max(1, num_tokens))
-        group.num_finished += 1
-        group.sum_log += log_tokens
-        group.longest = max(group.longest, num_tokens)
+        group.finished(num_tokens, log_tokens)
         self._num_finished += 1
         self._sum_log += log_tokens
         start_s = group.running_s.pop(key[1], None)
