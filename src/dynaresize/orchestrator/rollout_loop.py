@@ -56,7 +56,8 @@ class RolloutLoop:
         self.pipelined = settings.pipelined
         self.switch = parts.switch
         self.num_migrated = 0
-        """Requests moved to another engine by tail packing (`RolloutRun.pack_batch`)."""
+        """Requests moved to another engine by tail packing and spreading
+        (`RunSettings.pack_batch`, `RunSettings.spread`)."""
 
     async def run(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""

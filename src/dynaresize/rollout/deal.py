@@ -2,11 +2,11 @@
 
 `seats` is the order in which queued requests go out in one dispatch: level by level from
 the lowest load, each level in engine index order (what the one-by-one greedy of
-`RolloutRun._dispatch_greedy` does, in O(dispatched + engines log engines): the scheduler's
-bulk dispatch of a long queue). It can also hold seats for engines on their way.
+`SlotTable.deal_greedy` does, in O(dispatched + engines log engines): `SlotTable.deal_bulk`,
+the run's dispatch of a long queue). It can also hold seats for engines on their way.
 
 Why the seats: a pipelined run starts on a few engines and gains the rest as the previous
-step's tail empties them (`RolloutRun.expected_devices`); each joins alone, so the greedy
+step's tail empties them (`RolloutRun`'s `arrivals`); each joins alone, so the greedy
 dispatch gave each newcomer its whole share, ceil(remaining / expected), as one contiguous
 block of the queue. The queue is in prompt order, so a block is a few whole groups: one
 prompt's length (and the group's correlated response lengths) on one engine, 3.25 groups an
@@ -18,7 +18,7 @@ queue. That made the pipelined run ~1% slower than the unpipelined one on a tail
 
 With seats, the queue goes out as if every engine on its way (it left the previous tail, or was
 free, and loads the run's version: `EnginePool.arriving`) were present: round robin, level by
-level from the lowest load (the bulk dispatch's order, `RolloutRun._dispatch_bulk`), where
+level from the lowest load (the bulk dispatch's order, `SlotTable.deal_bulk`), where
 each engine still to come holds a seat at load 0 whose requests stay queued for it. So the
 k-th engine to join takes what the k-th seat of one deal over all of them would get, whatever
 order they join in. Engines still serving the previous tail are not counted: they may come
