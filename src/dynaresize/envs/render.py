@@ -89,7 +89,7 @@ class ChatRenderer:
     def _role_wrap(self, role: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(tokens before, tokens after) the message text of `role`, generation prompt
         included after; found from a probe message whose text tokens are located exactly."""
-        marker = "@@OBS@@"
+        marker = "XOBSX"
         full = list(self.tokenizer.chat([*PROBE, {"role": role, "content": marker}]))
         if full[:len(self._closed)] != self._closed:
             raise ValueError(f"chat template: adding a {role!r} message re-renders earlier "
