@@ -161,3 +161,19 @@ def test_chat_renderer_extends_the_stream_like_the_template(chat_tokenizer) -> N
     assert r.decode(turn) == "call"
     cut = r.observation("12", "user", False)
     assert cut[0] == chat_tokenizer.eos_id
+
+
+def test_chat_renderer_refuses_a_template_that_rewrites_history(tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    from dynaresize.tasks.model_tokenizer import ModelTokenizer
+
+    write_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    # the last message is rendered differently from the earlier ones: not append-only
+    tok.chat_template = ("{% for m in messages %}{% if loop.last %}<last>{% endif %}"
+                         "<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="append-only"):
+        ChatRenderer(ModelTokenizer(tmp_path))

@@ -186,3 +186,43 @@ def test_a_completion_for_another_request_is_refused() -> None:
     with pytest.raises(RuntimeError, match="another request"):
         clock.run(run_episode(SleepyEnv(clock), spec, PlainRenderer(CharTokenizer()), wrong,
                               clock))
+
+
+class NeverEnds(SleepyEnv):
+    async def step(self, ctx: TurnContext) -> Feedback:
+        return Feedback(text="more", role="user")
+
+
+def test_an_environment_must_end_at_the_last_turn_and_context_is_bounded() -> None:
+    clock = VirtualClock()
+    renderer = PlainRenderer(CharTokenizer())
+
+    async def main(env, spec):
+        turns = EngineTurns([FakeEngine(clock, device=0)], clock)
+        async with turns.serving():
+            return await run_episode(env, spec, renderer, turns, clock)
+
+    with pytest.raises(RuntimeError, match="did not end episode"):
+        clock.run(main(NeverEnds(clock), specs(1, 1)[0]))
+    bounded = replace(specs(1, 1)[0], max_context_tokens=4)
+    ep = clock.run(main(SleepyEnv(clock), bounded))
+    assert ep.reward == 0.0 and ep.end_info == {"reason": "context"}
+    assert len(ep.turns) == 1  # the prompt fits, the second turn's context does not
+
+
+class BrokenEngine(FakeEngine):
+    async def step(self):
+        raise RuntimeError("engine fell over")
+
+
+def test_an_engine_error_fails_the_episodes_instead_of_hanging_them() -> None:
+    clock = VirtualClock()
+
+    async def main():
+        turns = EngineTurns([BrokenEngine(clock, device=0)], clock)
+        with pytest.raises(RuntimeError, match="fell over"):
+            async with turns.serving():
+                await run_episodes(SleepyEnv(clock), specs(2, 1),
+                                   PlainRenderer(CharTokenizer()), turns, clock)
+
+    clock.run(main())

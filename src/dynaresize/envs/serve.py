@@ -133,7 +133,14 @@ class EngineTurns:
                 await wake.wait()
                 continue
             start = self.clock.now()
-            done = await engine.step()
+            try:
+                done = await engine.step()
+            except Exception as exc:  # fail every waiting episode instead of hanging them
+                for future in self._futures.values():
+                    if not future.done():
+                        future.set_exception(exc)
+                self._futures.clear()
+                raise
             stats.busy.append((start, self.clock.now()))
             for completion in done:
                 stats.turns += 1
