@@ -226,3 +226,10 @@ def test_an_engine_error_fails_the_episodes_instead_of_hanging_them() -> None:
                                    PlainRenderer(CharTokenizer()), turns, clock)
 
     clock.run(main())
+
+
+def test_overlap_counts_busy_time_inside_the_union_of_waits() -> None:
+    busy = [(0.0, 2.0), (3.0, 5.0), (6.0, 7.0)]
+    waits = [(1.0, 4.0), (1.5, 2.5), (10.0, 11.0)]  # overlapping waits count once
+    assert overlap_s(busy, waits) == pytest.approx(1.0 + 1.0)
+    assert overlap_s(busy, []) == 0.0
