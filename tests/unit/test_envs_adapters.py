@@ -108,6 +108,8 @@ def test_retry_env_gives_a_second_try() -> None:
     assert last.done and last.reward == 0.0
     with pytest.raises(ValueError, match="max_turns"):
         RetryEnv(exact_scorer, max_turns=0)
+    again = RetryEnv(exact_scorer, feedback=lambda c: f"wrong ({c.turn + 1} tries). 80 + 4 =")
+    assert asyncio.run(again.step(ctx(("80",), max_turns=2))).text == "wrong (1 tries). 80 + 4 ="
 
 
 @pytest.fixture(scope="module")

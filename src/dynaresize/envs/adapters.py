@@ -9,7 +9,8 @@ the same answer (envs.base). The reward is the task's own score of the final ans
   final answer and ends the episode. The last allowed turn always ends it: a tool call there
   scores 0 (`info["reason"] = "turns"`).
 * `RetryEnv`: every turn is an attempt; a full score (or the last allowed turn) ends the
-  episode, a wrong answer gets `feedback` as a `user` message. The reward of a success at
+  episode, a wrong answer gets `feedback` as a `user` message (a string, or a function of the
+  `TurnContext`, e.g. to repeat the question for completion prompts). The reward of a success at
   turn t is `score * retry_discount ** t` (1.0 = a second try is worth as much as a first).
 """
 
@@ -82,7 +83,7 @@ class RetryEnv:
     name = "retry"
 
     def __init__(self, scorer: Scorer, max_turns: int = 2,
-                 feedback: str = "That is not correct. Try again.",
+                 feedback: str | Callable[[TurnContext], str] = "That is not correct. Try again.",
                  retry_discount: float = 1.0) -> None:
         if not 0.0 < retry_discount <= 1.0:
             raise ValueError(f"retry_discount = {retry_discount}: must be in (0, 1]")
@@ -96,4 +97,5 @@ class RetryEnv:
         if score >= 1.0 or ctx.last_turn:
             return Feedback(done=True, reward=score * self.retry_discount ** ctx.turn,
                             info={"score": score, "attempts": ctx.turn + 1})
-        return Feedback(text=self.feedback, role="user", info={"score": score})
+        text = self.feedback(ctx) if callable(self.feedback) else self.feedback
+        return Feedback(text=text, role="user", info={"score": score})
