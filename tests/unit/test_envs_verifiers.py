@@ -80,7 +80,7 @@ class ByteChat:
         return [b + 3 for b in text.encode()]
 
     def decode(self, ids, skip_special: bool = True) -> str:
-        return bytes(i - 3 for i in ids if i >= 3).decode()
+        return bytes(i - 3 for i in ids if i >= 3).decode(errors="replace")
 
     def chat(self, messages, add_generation_prompt: bool = True) -> tuple[int, ...]:
         ids: list[int] = []
@@ -145,3 +145,47 @@ def test_a_verifiers_episode_runs_on_our_turn_generator(plugins) -> None:
     for (step, prompt, sample, turn), done in client.completions.items():
         assert done.spec.seed == turn_seed(7, step, prompt, sample, turn)
     assert client.bridged == 2  # each second turn's prompt extended the first exactly
+
+
+def test_a_verifiers_episode_runs_on_the_builtin_engine(plugins) -> None:
+    """The same episodes with a tiny random Qwen2 on our builtin engine as the model (needs
+    torch next to verifiers): the turns are generated, recorded and seeded like the driver's;
+    the random model's answers are wrong, so the rewards are 0."""
+    torch = pytest.importorskip("torch")
+    import verifiers.v1 as vf
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from dynaresize.envs.serve import EngineTurns, InlineEngine
+    from dynaresize.protocols import RealClock
+    from dynaresize.rollout.engine import RolloutEngine
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=259, hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=64, tie_word_embeddings=True))
+    engine = RolloutEngine(model, eos_token_id=ByteChat.eos_id, device_index=0)
+    config = vf.SingleAgentEnvConfig(
+        taskset=vf.TasksetConfig(id="dr_vf_addition"),
+        agent=vf.AgentConfig(harness=vf.HarnessConfig(id="dr_vf_loop"),
+                             runtime=vf.SubprocessConfig()))
+    env = vf.SingleAgentEnv(config)
+    tasks = list(env.taskset)
+
+    async def main():
+        turns = EngineTurns([InlineEngine(engine)], RealClock())
+        client = make_turn_client(turns, ByteChat(), run_seed=7, version=0, max_new_tokens=6)
+        with plugged_client(client):
+            async with env.serving(), turns.serving():
+                episodes = await asyncio.gather(*(
+                    env.run_episode(task, vf.ModelContext(
+                        model=episode_model(0, i, 0),
+                        client=vf.EvalClientConfig(base_url="http://127.0.0.1:9/v1")))
+                    for i, task in enumerate(tasks)))
+        return episodes, client, turns
+
+    episodes, client, turns = asyncio.run(main())
+    assert [ep.ok for ep in episodes] == [True, True]
+    assert len(client.completions) == 4 and turns.stats[0].turns == 4
+    for (step, prompt, sample, turn), done in client.completions.items():
+        assert done.spec.seed == turn_seed(7, step, prompt, sample, turn)
+        assert 1 <= len(done.tokens) <= 6 and done.device == 0
