@@ -51,12 +51,14 @@ class ModelTokenizer:
         """A plain-text prompt: the ids of `text` (the tokenizer's own BOS rule applies)."""
         return tuple(self._tok.encode(text, add_special_tokens=True))
 
-    def chat(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
-        """The ids of `messages` under the model's chat template, ready for the answer."""
+    def chat(self, messages: list[dict[str, str]],
+             add_generation_prompt: bool = True) -> tuple[int, ...]:
+        """The ids of `messages` under the model's chat template, ready for the answer (or,
+        `add_generation_prompt=False`, ending after the last message)."""
         if not self.has_chat_template:
             raise ValueError(f"{self.path}: the tokenizer has no chat template "
                              "(use task.format = 'completion')")
-        ids = self._tok.apply_chat_template(messages, add_generation_prompt=True,
+        ids = self._tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                             tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
