@@ -3,19 +3,49 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 
+def toml_repr(value: Any) -> str:
+    """`value` as a TOML literal, as the user would write it: `true`, `'text'` (a literal
+    string; a basic "..." string when it holds a quote or a control character), `[1, 2]`,
+    `{a = 1}`, `nan`, `inf`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        if "'" not in value and value.isprintable():
+            return f"'{value}'"
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        escaped = "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in escaped)
+        return f'"{escaped}"'
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_repr(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_repr(v)}" for k, v in value.items()) + "}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return toml_repr(dataclasses.asdict(value))
+    return repr(value)
+
+
 class ConfigError(ValueError):
-    """A configuration value that is not allowed."""
+    """A configuration value that is not allowed; `source` names where it was set (a config
+    file, `--set`)."""
 
     def __init__(self, field_name: str, value: Any, allowed: str, source: str = "") -> None:
         self.field_name = field_name
         self.value = value
         self.allowed = allowed
+        self.source = source
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field_name} = {value!r}: {allowed}")
+        super().__init__(f"{where}{field_name} = {toml_repr(value)}: {allowed}")
+
+    def from_source(self, source: str) -> ConfigError:
+        """The same error, naming where the value was set."""
+        return ConfigError(self.field_name, self.value, self.allowed, source)
 
 
 def _doc(text: str, **kwargs: Any) -> Any:
