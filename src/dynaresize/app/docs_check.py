@@ -60,6 +60,7 @@ NOT_CODE: dict[str, str] = {
 }
 """Code-shaped terms that name no code of ours, each with the reason it is allowed."""
 
+SRC = "src/dynaresize/"
 FILE_SUFFIXES = (".py", ".md", ".toml", ".sh", ".json", ".jsonl", ".png", ".txt", ".pt",
                  ".csv", ".parquet", ".gguf", ".yaml", ".cfg")
 UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "s": 1}
@@ -271,7 +272,13 @@ class Checker:
         self.counts["file"] += 1
         if re.search(r"[<>*…$~{}]|^runs/|^/|^\.venv/|://|\.\.\.", path):
             return []  # a placeholder or a run directory
-        if self.index.has_file(path.removeprefix("./")) or Path(path).name in self.index.strings:
+        path = path.removeprefix("./")
+        found = self.index.matching_files(path)
+        exact = path in found or SRC + path in found
+        if path.endswith(".py") and not exact and len(found) > 1:
+            return self._finding(c, "ambiguous: give its folder (" + ", ".join(
+                f.removeprefix(SRC) for f in found) + ")")
+        if found or Path(path).name in self.index.strings:
             return []
         return self._finding(c, "no such file in the repository (nor a file name the code "
                                 "writes or reads)")
@@ -292,11 +299,10 @@ class Checker:
                     or first in BUILTINS or (first in EVENT_PREFIXES and
                                              self._known(name.split(".", 1)[1])):
                 return []
-            if first in self.sections:
-                return self._finding(c, f"neither a config key nor a module path in "
-                                        f"src/dynaresize (no key {name!r} in config/schema.py)")
+            also = (f"; nor a config key (no key {name!r} in config/schema.py)"
+                    if first in self.sections else "")
             return self._finding(c, "does not resolve in src/dynaresize (module, class or "
-                                    "function renamed or gone?)")
+                                    f"function renamed or gone?){also}")
         if MATH.fullmatch(name):
             return []
         if re.fullmatch(r"_?[A-Z]\w*[a-z]\w*", name) and name not in BUILTINS:

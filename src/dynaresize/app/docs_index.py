@@ -79,10 +79,10 @@ class CodeIndex:
             return True
         return len(rest) == 2 and self.class_has(head, rest[1])
 
-    def has_file(self, path: str) -> bool:
-        """A repository file or folder whose path is `path` or ends with `/path`."""
+    def matching_files(self, path: str) -> list[str]:
+        """Repository files and folders whose path is `path` or ends with `/path`."""
         path = path.rstrip("/")
-        return any(f == path or f.endswith("/" + path) for f in self.files)
+        return [f for f in self.files if f == path or f.endswith("/" + path)]
 
 
 def _class_info(node: ast.ClassDef) -> ClassInfo:
