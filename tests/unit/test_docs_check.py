@@ -40,7 +40,9 @@ def _check(checker: Checker, text: str, readme: bool = False) -> list[Finding]:
 
 def test_docs_cite_only_what_exists(fresh_clone: None) -> None:
     findings, counts = check_docs(ROOT)
-    assert not findings, "stale docs:\n" + "\n".join(map(str, findings))
+    assert not findings, ("stale docs (fix the doc, or add a term that is not code to "
+                          "NOT_CODE in app/docs_check.py with its reason):\n"
+                          + "\n".join(map(str, findings)))
     assert sum(counts.values()) > 500 and counts["command"] > 10 and counts["config key"] > 50
 
 
@@ -74,6 +76,8 @@ Records: `param_sha256`, `metrics.jsonl`; `torch.Generator`; `B_k`; `train.exact
     ("`dynaresize simulate --polcy static`", "does not parse"),
     ("`dynaresize simulate [--gpus N] [--polcy P]`", "has no option --polcy"),
     ("`dynaresize simulat --gpus 4`", "does not parse"),
+    ("`dynaresize train --set rollout.engin=vllm`", "--set rollout.engin: no such config key"),
+    ("`dynaresize train [--set run.stepz=N]`", "--set run.stepz: no such config key"),
 ])
 def test_stale_citations_fail_with_file_line_and_name(checker: Checker, snippet: str,
                                                       problem: str) -> None:
@@ -85,10 +89,12 @@ def test_stale_citations_fail_with_file_line_and_name(checker: Checker, snippet:
 
 def test_readme_commands_run_in_order(checker: Checker) -> None:
     bad = _check(checker, "    dynaresize train --set run.stepz=4\n"
+                          "    dynaresize train --set run.steps=0\n"
                           "    dynaresize report runs/nowhere\n", readme=True)
-    assert [f.line for f in bad] == [1, 2]
-    assert "--dry-run fails" in bad[0].problem and "run.stepz" in bad[0].problem
-    assert "no earlier line creates" in bad[1].problem
+    assert [f.line for f in bad] == [1, 2, 3]
+    assert "no such config key" in bad[0].problem and "run.stepz" in bad[0].problem
+    assert "--dry-run fails" in bad[1].problem and "run.steps = 0" in bad[1].problem
+    assert "no earlier line creates" in bad[2].problem
     good = ("    dynaresize train --out runs/demo --set run.steps=2\n"
             "    dynaresize report runs/demo\n")
     assert _check(checker, good, readme=True) == []

@@ -354,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     findings, counts = check_docs(root)
     for f in findings:
         print(f)
+    if findings:
+        print("fix the doc (or the code); a term that only looks like code goes into NOT_CODE "
+              "in src/dynaresize/app/docs_check.py, with its reason", file=sys.stderr)
     total = sum(counts.values())
     print(f"docs check: {total} citations checked ("
           + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f"); "

@@ -1,6 +1,7 @@
 """The docs check's command lines: every `dynaresize ...` (and `bash scripts/...`) line the docs
 show must parse, and README's command list must work when pasted in order.
 
+- Every `--set section.key=...` names a config key.
 - A synopsis (`dynaresize train [--config FILE.toml] [--set key=value …]`): its subcommand and
   every `--flag` exist.
 - Any other line: `dynaresize`'s own argument parser accepts it (placeholders such as
@@ -137,6 +138,17 @@ def _script_line(c: Citation, tokens: list[str], root: Path) -> list[Finding]:
             for t in tokens[2:] if t.startswith("--") and t.split("=")[0] not in text]
 
 
+def _set_keys(c: Citation, tokens: list[str]) -> list[Finding]:
+    """Every `--set section.key=...` names a config key."""
+    from dynaresize.app.docs_check import Finding
+    from dynaresize.app.docs_index import config_lookup
+
+    bare = [t.strip("[]") for t in tokens]
+    keys = [bare[i + 1].split("=")[0] for i, t in enumerate(bare[:-1]) if t == "--set"]
+    return [Finding(c.path, c.line, c.text, f"--set {k}: no such config key")
+            for k in keys if "." in k and not config_lookup(k)[0]]
+
+
 def check_command(c: Citation, root: Path, run: bool, created: set[str]) -> list[Finding]:
     """Findings of one command line (`created`: run directories earlier lines wrote)."""
     from dynaresize.app.docs_check import Finding
@@ -146,14 +158,14 @@ def check_command(c: Citation, root: Path, run: bool, created: set[str]) -> list
         return [Finding(c.path, c.line, c.text, "cannot split it as a shell line")]
     if tokens[0] == "bash":
         return _script_line(c, tokens, root)
+    findings = _set_keys(c, tokens)
     if SYNOPSIS.search(c.text.split("#")[0]) or len(tokens) == 2:
-        return _flags_only(c, tokens)
+        return findings + _flags_only(c, tokens)
     argv = tokens[1:]
     problem = _parse_error(argv)
     if problem:
-        return [Finding(c.path, c.line, c.text, f"does not parse: {problem}")]
-    findings = []
-    if run:
+        return findings + [Finding(c.path, c.line, c.text, f"does not parse: {problem}")]
+    if run and not findings:
         for d in _run_dirs_read(tokens):
             if d not in created and not (root / d).exists():
                 findings.append(Finding(c.path, c.line, c.text, f"reads {d}, which no earlier "
