@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dynaresize.config import Config, ConfigError, load_config, to_toml
-from dynaresize.config.schema import toml_repr
+from dynaresize.config.literal import toml_repr
 from dynaresize.control.registry import check_policy
 from dynaresize.model_sources import missing_requirement
 

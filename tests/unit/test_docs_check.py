@@ -50,7 +50,8 @@ def test_true_citations_pass(checker: Checker) -> None:
     text = """A resize is `resize.planner.plan_resize` run by `ResizeExecutor`; a resize waits
 for `EnginePool.settle`; `RolloutRun` deals requests (`rollout/deal.py`, `deal.py`).
 Knobs: `controller.hysteresis.lend_min_cv` = 0.5, `resize.staging_bytes` = 4 MiB (the
-default), `rollout.engine = "vllm"`, `[controller.hysteresis]`, `[[faults.kill]]`, `--dry-run`.
+default), `rollout.engine = "vllm"`, `[controller.hysteresis]`, `[[faults.kill]]`, `--dry-run`,
+[results](docs/results.md#real-arith).
 Records: `param_sha256`, `metrics.jsonl`; `torch.Generator`; `B_k`; `train.exact_reduction`
 (default).
 """
@@ -76,6 +77,7 @@ Records: `param_sha256`, `metrics.jsonl`; `torch.Generator`; `B_k`; `train.exact
     ("`dynaresize simulate --polcy static`", "does not parse"),
     ("`dynaresize simulate [--gpus N] [--polcy P]`", "has no option --polcy"),
     ("`dynaresize simulat --gpus 4`", "does not parse"),
+    ("[the results](docs/result.md#x)", "the link's target does not exist"),
     ("`dynaresize train --set rollout.engin=vllm`", "--set rollout.engin: no such config key"),
     ("`dynaresize train [--set run.stepz=N]`", "--set run.stepz: no such config key"),
 ])

@@ -16,7 +16,8 @@ not imported: `docs_index`) and the config schema:
   count: `resize.planner.plan_resize`), or in an installed package (`torch.Generator`);
 - `CamelCase`, `snake_case` (and `_private`) names, `ALL_CAPS`: defined or used in the code
   (identifiers or string literals: record keys, event kinds), a config key name or in a script;
-- CamelCase names and `.py` paths in unlabelled code blocks (diagrams) likewise.
+- CamelCase names and `.py` paths in unlabelled code blocks (diagrams) likewise;
+- markdown links `[text](target.md#anchor)`: the target file exists (relative to the doc).
 
 Plain lowercase words (`hysteresis`, `rollout`), maths and prose are not checked. Terms that
 look like code but are not are listed, each with its reason, in `NOT_CODE`.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import builtins
 import re
 import sys
-import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,8 @@ from dynaresize.app.docs_index import (
     config_lookup,
     config_sections,
     is_external,
+    same_value,
+    toml_literal,
 )
 
 NOT_CODE: dict[str, str] = {
@@ -63,7 +65,6 @@ NOT_CODE: dict[str, str] = {
 SRC = "src/dynaresize/"
 FILE_SUFFIXES = (".py", ".md", ".toml", ".sh", ".json", ".jsonl", ".png", ".txt", ".pt",
                  ".csv", ".parquet", ".gguf", ".yaml", ".cfg")
-UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "s": 1}
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 NAME = re.compile(r"^[A-Za-z_]\w*$")
 CALL = re.compile(r"^([A-Za-z_][\w.]*)\(.*\)$")
@@ -89,7 +90,7 @@ class Citation:
     after: str = ""
     """The text after the span on its line (for a cited default)."""
     kind: str = "span"
-    """'span', 'code' (a line of a code block) or 'diagram' (a token in one)."""
+    """'span', 'code' (a line of a code block), 'diagram' (a token in one) or 'link'."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,9 @@ def citations(path: str, text: str) -> list[Citation]:
         carry = ""
         for m in re.finditer(r"`([^`]+)`", joined):
             out.append(Citation(path, start, m.group(1).strip(), joined[m.end():]))
+        for m in re.finditer(r"\]\(([^)\s#]+)(#[^)\s]*)?\)", re.sub(r"`[^`]*`", "", joined)):
+            if "://" not in m.group(1):
+                out.append(Citation(path, start, m.group(1), kind="link"))
     return out
 
 
@@ -155,27 +159,6 @@ def _join_continued(lines: list[str]) -> list[tuple[int, str]]:
     return out
 
 
-def toml_literal(raw: str) -> tuple[bool, Any]:
-    """(ok, value) of a cited value: a TOML literal, or a number with a unit (4 MiB)."""
-    raw = raw.strip().rstrip(".,;:")
-    m = re.fullmatch(r"([-+\d.e_]+)\s*(KiB|MiB|GiB|s)", raw)
-    if m:
-        ok, number = toml_literal(m.group(1))
-        return (ok, number * UNITS[m.group(2)]) if ok else (False, None)
-    try:
-        return True, tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return False, None
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
-    return bool(a == b)
-
-
 class Checker:
     """Checks citations against one repository's code, config schema and files."""
 
@@ -190,6 +173,11 @@ class Checker:
         """The findings of one citation (none if it holds or is not checked)."""
         if c.kind == "diagram":
             return self._code_name(c, c.text)
+        if c.kind == "link":
+            self.counts["link"] += 1
+            if (self.root / Path(c.path).parent / c.text).exists():
+                return []
+            return self._finding(c, "the link's target does not exist (relative to the doc)")
         if c.kind == "code" or c.text in NOT_CODE:
             return []
         s = c.text
@@ -243,7 +231,7 @@ class Checker:
     def _default(self, c: Citation, key: str, default: Any, raw: str) -> list[Finding]:
         ok, claimed = toml_literal(raw)
         self.counts["cited default"] += ok
-        if not ok or _same(claimed, default):
+        if not ok or same_value(claimed, default):
             return []
         return self._finding(c, f"cited default {raw.strip()} but the schema's default is "
                                 f"{default!r} (config/schema.py)", key)

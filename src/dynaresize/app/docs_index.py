@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import re
+import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,3 +200,27 @@ def config_field_names() -> set[str]:
         if isinstance(obj, type) and dataclasses.is_dataclass(obj):
             names.update(f.name for f in dataclasses.fields(obj))
     return names
+
+
+UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "s": 1}
+
+
+def toml_literal(raw: str) -> tuple[bool, Any]:
+    """(ok, value) of a cited value: a TOML literal, or a number with a unit (4 MiB)."""
+    raw = raw.strip().rstrip(".,;:")
+    m = re.fullmatch(r"([-+\d.e_]+)\s*(KiB|MiB|GiB|s)", raw)
+    if m:
+        ok, number = toml_literal(m.group(1))
+        return (ok, number * UNITS[m.group(2)]) if ok else (False, None)
+    try:
+        return True, tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return False, None
+
+
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+    return bool(a == b)

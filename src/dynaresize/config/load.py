@@ -10,7 +10,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from dynaresize.config.schema import Config, ConfigError, KillEntry, ResizeEntry, toml_repr
+from dynaresize.config.literal import toml_repr
+from dynaresize.config.schema import Config, ConfigError, KillEntry, ResizeEntry
 from dynaresize.config.validate import _is_file, validate
 
 

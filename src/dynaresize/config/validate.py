@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from dynaresize.config.literal import toml_repr
 from dynaresize.config.schema import (
     BACKENDS,
     CPU_DEVICE_BYTES,
@@ -24,7 +25,6 @@ from dynaresize.config.schema import (
     Config,
     ConfigError,
     ResizeEntry,
-    toml_repr,
 )
 from dynaresize.model_sources import SOURCES, missing_requirement
 
