@@ -111,8 +111,12 @@ def citations(path: str, text: str) -> list[Citation]:
     fence: str | None = None
     carry, carry_line, removed = "", 0, False
     lines = _join_continued(text.splitlines())
+    indented_code = prev_blank = False  # an indented code block starts after a blank line
     for number, line in lines:
         stripped = line.strip()
+        indented_code = line.startswith("    ") and (indented_code or prev_blank) \
+            and not carry and fence is None
+        prev_blank = not stripped
         if fence is None and re.match(r"#+ ", stripped):
             removed = bool(re.match(r"#+ Removed\b", stripped))
         if removed:
@@ -127,7 +131,7 @@ def citations(path: str, text: str) -> list[Citation]:
                 out += [Citation(path, number, m.group(0), kind="diagram")
                         for m in re.finditer(CAMEL.pattern + r"|[\w./-]+\.py\b", line)]
             continue
-        if line.startswith("    ") and not carry:
+        if indented_code:
             out.append(Citation(path, number, stripped, kind="code"))
             continue
         joined = f"{carry} {line}" if carry else line
