@@ -111,7 +111,7 @@ def citations(path: str, text: str) -> list[Citation]:
     fence: str | None = None
     carry, carry_line, removed = "", 0, False
     lines = _join_continued(text.splitlines())
-    indented_code = prev_blank = False  # an indented code block starts after a blank line
+    indented_code, prev_blank = False, True  # indented code starts after a blank line
     for number, line in lines:
         stripped = line.strip()
         indented_code = line.startswith("    ") and (indented_code or prev_blank) \
