@@ -52,8 +52,8 @@ for `EnginePool.settle`; `RolloutRun` deals requests (`rollout/deal.py`, `deal.p
 Knobs: `controller.hysteresis.lend_min_cv` = 0.5, `resize.staging_bytes` = 4 MiB (the
 default), `rollout.engine = "vllm"`, `[controller.hysteresis]`, `[[faults.kill]]`, `--dry-run`,
 [results](docs/results.md#real-arith).
-Records: `param_sha256`, `metrics.jsonl`; `torch.Generator`; `B_k`; `train.exact_reduction`
-(default).
+Records: `param_sha256`, `metrics.jsonl`, `RUN_DIR/export/version-V`, `out_dir/<policy>/`;
+`torch.Generator`; `B_k`; `train.exact_reduction` (default).
 """
     assert _check(checker, text) == []
 
@@ -65,6 +65,7 @@ Records: `param_sha256`, `metrics.jsonl`; `torch.Generator`; `B_k`; `train.exact
     ("`EnginePool.settle_rollouts`", "does not resolve"),
     ("`rollout/scheduler2.py`", "no such file"),
     ("`notes/vllm-on-cpu.md`", "no such file"),
+    ("`model.safetensors`", "no such file"),
     ("`faults.py`", "ambiguous"),
     ("`controller.hysteresis.bandwidth`", "nor a config key"),
     ("`[controller.hysterisis]`", "no config table"),

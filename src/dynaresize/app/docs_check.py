@@ -64,7 +64,11 @@ NOT_CODE: dict[str, str] = {
 
 SRC = "src/dynaresize/"
 FILE_SUFFIXES = (".py", ".md", ".toml", ".sh", ".json", ".jsonl", ".png", ".txt", ".pt",
-                 ".csv", ".parquet", ".gguf", ".yaml", ".cfg")
+                 ".csv", ".parquet", ".gguf", ".yaml", ".cfg", ".safetensors", ".bin", ".log")
+PLACEHOLDER_PATH = re.compile(r"[<>*…$~{}]|^runs/|^/|^\.venv/|://|\.\.\.|(^|/)[A-Z][A-Z0-9_]+(/|$)"
+                              r"|-[A-Z]$")
+"""A path that is a pattern, not a file: `out/<policy>/`, `RUN_DIR/export/version-V`, a URL, a
+run directory (`runs/...`), an absolute path."""
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 NAME = re.compile(r"^[A-Za-z_]\w*$")
 CALL = re.compile(r"^([A-Za-z_][\w.]*)\(.*\)$")
@@ -262,8 +266,8 @@ class Checker:
 
     def _file(self, c: Citation, path: str) -> list[Finding]:
         self.counts["file"] += 1
-        if re.search(r"[<>*…$~{}]|^runs/|^/|^\.venv/|://|\.\.\.", path):
-            return []  # a placeholder or a run directory
+        if PLACEHOLDER_PATH.search(path):
+            return []
         path = path.removeprefix("./")
         found = self.index.matching_files(path)
         exact = path in found or SRC + path in found
