@@ -37,3 +37,4 @@ fi
 if [ "$WITH_VLLM" = 1 ]; then
   bash scripts/install_vllm.sh
 fi
+echo "set up .venv; in your shell, '. .venv/bin/activate' puts 'dynaresize' on your PATH" >&2

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dynaresize.config import Config, ConfigError, load_config, to_toml
+from dynaresize.config.literal import toml_repr
 from dynaresize.control.registry import check_policy
+from dynaresize.model_sources import missing_requirement
 
 EXIT_USAGE = 2
 
@@ -36,8 +38,12 @@ def _resume_config(args: argparse.Namespace) -> Config:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     path = Path(args.resume) / "config.toml"
+    if not path.is_file():
+        raise UsageError(f"--resume {args.resume}: no config.toml in that run directory (a "
+                         "`dynaresize train --out DIR` run directory has one)")
     base = load_config(path, [], check_machine=False)
-    cfg = load_config(path, args.set or [], check_machine=not args.address)
+    cfg = load_config(path, args.set or [], check_machine=not args.address,
+                      check_packages=not args.dry_run)
     resume_overrides_ok(base, cfg)
     return cfg
 
@@ -63,11 +69,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         cfg = _resume_config(args)
     else:
-        cfg = load_config(args.config, args.set or [], check_machine=not args.address)
+        cfg = load_config(args.config, args.set or [], check_machine=not args.address,
+                          check_packages=not args.dry_run)
     check_policy(cfg)
-    _check_task_data(cfg)
+    missing = missing_requirement(cfg.model.source) if cfg.model.source else None
+    if not missing:
+        _check_task_data(cfg)
     if args.dry_run:
         print(to_toml(cfg), end="")
+        if missing:
+            print(f"note: model.source = {toml_repr(cfg.model.source)} {missing}; a real run "
+                  "needs it (the task's data was not checked)", file=sys.stderr)
         return 0
     out = args.resume or args.out or _default_out("train")
     from dynaresize.app.runner import run_training
@@ -112,10 +124,14 @@ _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 """Other subcommands register themselves here (simulate, report, bench)."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The whole `dynaresize` parser, every subcommand registered."""
     _load_extra_commands()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return build_parser()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ConfigError, UsageError) as exc:

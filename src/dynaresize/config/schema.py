@@ -6,16 +6,24 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynaresize.config.literal import toml_repr
+
 
 class ConfigError(ValueError):
-    """A configuration value that is not allowed."""
+    """A configuration value that is not allowed; `source` names where it was set (a config
+    file, `--set`)."""
 
     def __init__(self, field_name: str, value: Any, allowed: str, source: str = "") -> None:
         self.field_name = field_name
         self.value = value
         self.allowed = allowed
+        self.source = source
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field_name} = {value!r}: {allowed}")
+        super().__init__(f"{where}{field_name} = {toml_repr(value)}: {allowed}")
+
+    def from_source(self, source: str) -> ConfigError:
+        """The same error, naming where the value was set."""
+        return ConfigError(self.field_name, self.value, self.allowed, source)
 
 
 def _doc(text: str, **kwargs: Any) -> Any:

@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from dynaresize.config.literal import toml_repr
 from dynaresize.config.schema import (
     BACKENDS,
     CPU_DEVICE_BYTES,
@@ -25,7 +26,7 @@ from dynaresize.config.schema import (
     ConfigError,
     ResizeEntry,
 )
-from dynaresize.model_sources import missing_requirement
+from dynaresize.model_sources import SOURCES, missing_requirement
 
 # ----------------------------------------------------------------------------- validation
 
@@ -75,7 +76,10 @@ def machine_device_limit(device_type: str) -> int:
     return max(1, min(64, total // CPU_DEVICE_BYTES))
 
 
-def validate(cfg: Config, *, check_machine: bool = True) -> None:
+def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = True) -> None:
+    """Raise ConfigError on the first bad value. `check_machine`: also what this machine
+    offers (devices, vLLM); `check_packages`: also that a `model.source`'s package is
+    installed (only a real run needs it)."""
     r, t, m, a = cfg.run, cfg.task, cfg.train, cfg.allocation
     _positive("run.steps", r.steps)
     if r.staleness not in (0, 1):
@@ -88,7 +92,7 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
                           f"must be divisible by model.num_heads = {cfg.model.num_heads}")
     if cfg.model.path and not _is_file(cfg.model.path, directory_ok=True):
         raise ConfigError("model.path", cfg.model.path, "no such local path (no downloads)")
-    _validate_model_source(cfg)
+    _validate_model_source(cfg, check_packages)
     _one_of("task.name", t.name, TASKS)
     if t.name == "jsonl" and not _is_file(t.path):
         raise ConfigError("task.path", t.path, "task 'jsonl' needs an existing JSON Lines file")
@@ -200,14 +204,17 @@ def _validate_vllm(cfg: Config) -> None:
 TEXT_TASKS = ("reasoning_gym", "math")
 
 
-def _validate_model_source(cfg: Config) -> None:
+def _validate_model_source(cfg: Config, check_packages: bool) -> None:
     if not cfg.model.source:
         return
     if cfg.model.path:
         raise ConfigError("model.source", cfg.model.source,
                           f"set model.source or model.path, not both (model.path = "
-                          f"{cfg.model.path!r})")
-    problem = missing_requirement(cfg.model.source)
+                          f"{toml_repr(cfg.model.path)})")
+    if cfg.model.source not in SOURCES:
+        raise ConfigError("model.source", cfg.model.source,
+                          f"unknown model source; allowed: {', '.join(sorted(SOURCES))}")
+    problem = missing_requirement(cfg.model.source) if check_packages else None
     if problem:
         raise ConfigError("model.source", cfg.model.source, problem)
 
@@ -223,9 +230,9 @@ def _validate_text_task(cfg: Config) -> None:
     _positive("eval.num_prompts", e.num_prompts)
     _non_negative("eval.max_new_tokens", e.max_new_tokens)
     if cfg.model.source and t.name not in TEXT_TASKS:
-        raise ConfigError("task.name", t.name, f"model.source = {cfg.model.source!r} is "
+        raise ConfigError("task.name", t.name, f"model.source = {toml_repr(cfg.model.source)} is "
                           "pretrained with its own tokenizer; task "
-                          f"{t.name!r} uses the tiny model's 53-character one: use a text "
+                          f"{toml_repr(t.name)} uses the tiny model's 53-character one: use a text "
                           f"task ({', '.join(TEXT_TASKS)})")
     if t.name in TEXT_TASKS and not (cfg.model.source or cfg.model.path):
         raise ConfigError("task.name", t.name, "a text task needs a pretrained model with its "

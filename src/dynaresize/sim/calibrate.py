@@ -51,7 +51,7 @@ def load_run_config(run_dir: str | Path) -> Config:
     try:
         return load_config(path, check_machine=False)
     except ConfigError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise ValueError(str(exc) if exc.source else f"{path}: {exc}") from None
 
 
 def prompt_batches(cfg: Config, steps: int) -> list[dict[int, tuple[int, int]]]:

@@ -124,6 +124,18 @@ def twin_faults(path: str | None, sets: list[str], gpus: int, steps: int) -> Any
     return TwinFaults(tuple(cfg.faults.kill), cfg.run.checkpoint_every) or None
 
 
+def check_run_dir(run_dir: str, what: str) -> None:
+    """A live run directory to read (`--from-run DIR`, `calibrate DIR`): it and its
+    config.toml must exist; UsageError names the directory."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise UsageError(f"{what} {run_dir}: not a directory (give a `dynaresize train --out` "
+                         "run directory)")
+    if not (path / "config.toml").is_file():
+        raise UsageError(f"{what} {run_dir}: no config.toml in that run directory (a "
+                         "`dynaresize train --out DIR` run directory has one)")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Consumes the parsed arguments; prints the table or the JSON object; writes --out."""
     from dynaresize.sim.calibrate import load_calibration, load_run_config, trace_from_run
@@ -145,6 +157,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             costs = load_calibration(args.calibration)
         gpus, split, staleness = args.gpus, args.split, args.staleness
         if args.from_run:
+            check_run_dir(args.from_run, "--from-run")
             workload: Any = trace_from_run(args.from_run)
             run_cfg = load_run_config(args.from_run)
             gpus = args.gpus_given or run_cfg.num_devices
@@ -181,6 +194,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """Fit cost-model parameters from a live run directory; print them; write JSON."""
     from dynaresize.sim.calibrate import calibrate, write_calibration
 
+    check_run_dir(args.run_dir, "calibrate")
     try:
         fit = calibrate(args.run_dir)
     except ValueError as exc:
@@ -192,6 +206,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"fit residual (rollout spans): {fit['quality']['rollout_rel_rmse']:.1%}; "
           f"written: {path}", file=sys.stderr)
     return 0
+
+
+def _policy_help() -> str:
+    """`--policy`'s help, from the twin's and the controller registry's policy names."""
+    from dynaresize.sim.run import default_policies, load_policies
+
+    return (f"comma-separated, from: {', '.join(load_policies())} (default: "
+            f"{', '.join(default_policies())}; with --from-run: the run's policy and oracle)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -207,9 +229,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "--from-run config's)")
     sim.add_argument("--split", type=int, metavar="R", help="fix static's rollout devices "
                      "(default: searched; with --from-run: the run's)")
-    sim.add_argument("--policy", metavar="P,...", help="policies (default: static, colocated, "
-                     "borrow, hysteresis if installed, oracle; with --from-run: the run's "
-                     "policy and oracle)")
+    sim.add_argument("--policy", metavar="P,...", help=_policy_help())
     sim.add_argument("--steps", type=int, help="RL steps (default 50, or the trace's)")
     sim.add_argument("--staleness", type=int, help="0 on-policy, 1 one-step-off (default 1)")
     sim.add_argument("--seed", type=int, default=0, help="workload seed")

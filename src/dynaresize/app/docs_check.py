@@ -1,0 +1,364 @@
+"""The docs check: what README.md and docs/*.md cite in backticks must be true of the code.
+
+    python -m dynaresize.app.docs_check [REPO_ROOT]     # prints FILE:LINE: `cited`: problem
+
+Each backtick span is classified by its shape and checked against the code (read with `ast`,
+not imported: `docs_index`) and the config schema:
+
+- `dynaresize ...` command lines: `docs_commands` (parsed; README's also run, `--dry-run`);
+- `--flag`: an option of the `dynaresize` command, a bench script or a scripts/*.sh;
+- `[section]`, `[[faults.kill]]`, `section.key`, `section.table.key`: a config key (or table);
+  `key = value` in the span: a value the key accepts; "`key` = value", "(`key`, value)",
+  "`key` (default value)" around it: the key's default;
+- `path/to/file.py`, `name.md`, `out.json`: a repository file, or a name the code uses (run
+  directory files such as `metrics.jsonl` are string literals in the code);
+- `module.path.name`, `Class.member`, `func(...)`: resolve in src/dynaresize (module suffixes
+  count: `resize.planner.plan_resize`), or in an installed package (`torch.Generator`);
+- `CamelCase`, `snake_case` (and `_private`) names, `ALL_CAPS`: defined or used in the code
+  (identifiers or string literals: record keys, event kinds), a config key name or in a script;
+- CamelCase names and `.py` paths in unlabelled code blocks (diagrams) likewise;
+- markdown links `[text](target.md#anchor)`: the target file exists (relative to the doc).
+
+Plain lowercase words (`hysteresis`, `rollout`), maths and prose are not checked. Terms that
+look like code but are not are listed, each with its reason, in `NOT_CODE`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynaresize.app.docs_index import (
+    CodeIndex,
+    build_index,
+    config_field_names,
+    config_lookup,
+    config_sections,
+    is_external,
+    same_value,
+    toml_literal,
+)
+
+NOT_CODE: dict[str, str] = {
+    "SIGKILL": "a POSIX signal",
+    "ActorDiedError": "Ray's exception for a call on a dead actor (prose)",
+    "SmolLM2": "the model's name",
+    "MiB": "a unit",
+    "LlamaForCausalLM": "a transformers class the model loads as (not named in our code)",
+    "Queue": "asyncio.Queue, in prose",
+    "Handle._run": "asyncio's internals, in prose",
+    "call_soon_threadsafe": "an asyncio loop method, in prose",
+    "split_group": "torch.distributed's function, which the design avoids with gloo",
+    "--node-ip-address": "an option of `ray start`",
+    "chain_sum": "a reasoning-gym generator (a task.generator value)",
+    "basic_arithmetic": "a reasoning-gym generator (a task.generator value)",
+    "gsm_symbolic": "a reasoning-gym generator (a task.generator value)",
+    "leg_counting": "a reasoning-gym generator (a task.generator value)",
+}
+"""Code-shaped terms that name no code of ours, each with the reason it is allowed."""
+
+SRC = "src/dynaresize/"
+FILE_SUFFIXES = (".py", ".md", ".toml", ".sh", ".json", ".jsonl", ".png", ".txt", ".pt",
+                 ".csv", ".parquet", ".gguf", ".yaml", ".cfg", ".safetensors", ".bin", ".log")
+PLACEHOLDER_PATH = re.compile(r"[<>*…$~{}]|^runs/|^/|^\.venv/|://|\.\.\.|(^|/)[A-Z][A-Z0-9_]+(/|$)"
+                              r"|-[A-Z]$")
+"""A path that is a pattern, not a file: `out/<policy>/`, `RUN_DIR/export/version-V`, a URL, a
+run directory (`runs/...`), an absolute path."""
+DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+NAME = re.compile(r"^[A-Za-z_]\w*$")
+CALL = re.compile(r"^([A-Za-z_][\w.]*)\(.*\)$")
+ASSIGN = re.compile(r"^([A-Za-z_][\w.]*)\s*=\s*(.+)$")
+MATH = re.compile(r"[A-Za-z]_\{?\w{1,3}\}?")
+"""`B_k`, `g_m`: a symbol with a subscript, not a name."""
+BUILTINS = frozenset(dir(builtins))
+EVENT_PREFIXES = ("resize",)
+"""events.jsonl kinds are `resize.<op>`: `resize.join_group` names the op `join_group`."""
+CAMEL = re.compile(r"\b_?[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+\b")
+DEFAULT_AFTER = (re.compile(r"^\s*=\s*([^\s,;)]+(?:\s(?:KiB|MiB|GiB|s)\b)?)"),
+                 re.compile(r"^\s*\((?:the\s+)?default:?\s+([^\s,;)]+)"),
+                 re.compile(r"^\s*,\s*(?:default\s+)?([-+\d.e]+|true|false)\)"))
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A piece of a doc to check: a backtick span, a code-block line or a diagram token."""
+
+    path: str
+    line: int
+    text: str
+    after: str = ""
+    """The text after the span on its line (for a cited default)."""
+    kind: str = "span"
+    """'span', 'code' (a line of a code block), 'diagram' (a token in one) or 'link'."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int
+    cited: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: `{self.cited}`: {self.problem}"
+
+
+def citations(path: str, text: str) -> list[Citation]:
+    """Backtick spans (outside code blocks), code-block lines and diagram tokens of a doc. A
+    section whose heading starts with "Removed" names code that is gone: it is skipped."""
+    out: list[Citation] = []
+    fence: str | None = None
+    carry, carry_line, removed = "", 0, False
+    lines = _join_continued(text.splitlines())
+    indented_code, prev_blank = False, True  # indented code starts after a blank line
+    for number, line in lines:
+        stripped = line.strip()
+        indented_code = line.startswith("    ") and (indented_code or prev_blank) \
+            and not carry and fence is None
+        prev_blank = not stripped
+        if fence is None and re.match(r"#+ ", stripped):
+            removed = bool(re.match(r"#+ Removed\b", stripped))
+        if removed:
+            continue
+        if stripped.startswith("```"):
+            fence = None if fence is not None else stripped[3:].strip() or "diagram"
+            continue
+        if fence is not None:
+            if fence != "diagram":
+                out.append(Citation(path, number, stripped, kind="code"))
+            else:
+                out += [Citation(path, number, m.group(0), kind="diagram")
+                        for m in re.finditer(CAMEL.pattern + r"|[\w./-]+\.py\b", line)]
+            continue
+        if indented_code:
+            out.append(Citation(path, number, stripped, kind="code"))
+            continue
+        joined = f"{carry} {line}" if carry else line
+        start = carry_line if carry else number
+        if joined.count("`") % 2:
+            carry, carry_line = joined, start
+            continue
+        carry = ""
+        for m in re.finditer(r"`([^`]+)`", joined):
+            out.append(Citation(path, start, m.group(1).strip(), joined[m.end():]))
+        for m in re.finditer(r"\]\(([^)\s#]+)(#[^)\s]*)?\)", re.sub(r"`[^`]*`", "", joined)):
+            if "://" not in m.group(1):
+                out.append(Citation(path, start, m.group(1), kind="link"))
+    return out
+
+
+def _join_continued(lines: list[str]) -> list[tuple[int, str]]:
+    """(line number, line) with shell continuations (`\\` at the end) joined."""
+    out: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for number, line in enumerate(lines, 1):
+        if pending is not None:
+            number, line = pending[0], pending[1] + " " + line.strip()
+            pending = None
+        if line.rstrip().endswith("\\"):
+            pending = (number, line.rstrip()[:-1])
+            continue
+        out.append((number, line))
+    return out
+
+
+class Checker:
+    """Checks citations against one repository's code, config schema and files."""
+
+    def __init__(self, root: Path, index: CodeIndex | None = None) -> None:
+        self.root = root
+        self.index = index or build_index(root)
+        self.sections = config_sections()
+        self.key_names = config_field_names()
+        self.counts: Counter[str] = Counter()
+
+    def check(self, c: Citation) -> list[Finding]:
+        """The findings of one citation (none if it holds or is not checked)."""
+        if c.kind == "diagram":
+            return self._code_name(c, c.text)
+        if c.kind == "link":
+            self.counts["link"] += 1
+            if (self.root / Path(c.path).parent / c.text).exists():
+                return []
+            return self._finding(c, "the link's target does not exist (relative to the doc)")
+        if c.kind == "code" or c.text in NOT_CODE:
+            return []
+        s = c.text
+        if s.startswith(("dynaresize ", "bash ", "python ")):
+            return []  # command lines: docs_commands
+        if s.startswith("--"):
+            return self._flag(c, s.split()[0].split("=")[0])
+        if re.fullmatch(r"\[\[?[\w.]+\]\]?", s):
+            return self._config(c, s.strip("[]"), table=True)
+        if " " not in s and ("/" in s or s.endswith(FILE_SUFFIXES)) and "(" not in s:
+            return self._file(c, s)
+        m = ASSIGN.match(s)
+        if m and "==" not in s and DOTTED.match(m.group(1)):
+            return self._config_value(c, m.group(1), m.group(2))
+        m = CALL.match(s)
+        if m:  # `func(args)`, `obj.method(args)`: the function's name
+            return self._code_name(c, m.group(1).rsplit(".", 1)[-1])
+        if DOTTED.match(s) or NAME.match(s):
+            return self._code_name(c, s)
+        return []
+
+    def _finding(self, c: Citation, problem: str, cited: str | None = None) -> list[Finding]:
+        return [Finding(c.path, c.line, cited or c.text, problem)]
+
+    def _flag(self, c: Citation, flag: str) -> list[Finding]:
+        from dynaresize.app.docs_commands import all_options
+
+        self.counts["flag"] += 1
+        if flag in all_options() or flag in self.index.strings or \
+                re.search(re.escape(flag) + r"\b", self.index.script_text):
+            return []
+        return self._finding(c, "no such option of `dynaresize`, a bench script or "
+                                "scripts/*.sh", flag)
+
+    def _config(self, c: Citation, key: str, table: bool = False) -> list[Finding]:
+        self.counts["config key"] += 1
+        exists, default = config_lookup(key)
+        if not exists:
+            section = key.split(".")[0]
+            hint = ("" if section in self.sections else
+                    f" (sections: {', '.join(self.sections)})")
+            return self._finding(c, f"no config {'table' if table else 'key'} {key!r}{hint}")
+        for pattern in DEFAULT_AFTER:
+            m = pattern.match(c.after)
+            if m and default is not None:
+                return self._default(c, key, default, m.group(1))
+        if isinstance(default, bool) and re.match(r"^\s*\((?:the\s+)?default\)", c.after):
+            return self._default(c, key, default, "true")
+        return []
+
+    def _default(self, c: Citation, key: str, default: Any, raw: str) -> list[Finding]:
+        ok, claimed = toml_literal(raw)
+        self.counts["cited default"] += ok
+        if not ok or same_value(claimed, default):
+            return []
+        return self._finding(c, f"cited default {raw.strip()} but the schema's default is "
+                                f"{default!r} (config/schema.py)", key)
+
+    def _config_value(self, c: Citation, key: str, raw: str) -> list[Finding]:
+        if key.split(".")[0] not in self.sections:
+            return self._code_name(c, key)
+        found = self._config(c, key)
+        ok, value = toml_literal(raw)
+        if found or not ok:  # a placeholder (`eval.every = N`) is not checked
+            return found
+        if re.match(r"^\s*\((?:the\s+)?default\)", c.after):
+            return self._default(c, key, config_lookup(key)[1], raw)
+        from dynaresize.config import ConfigError, load_config
+        from dynaresize.control.registry import check_policy
+
+        self.counts["cited value"] += 1
+        try:
+            check_policy(load_config(None, [f"{key}={raw.strip()}"], check_machine=False))
+        except ConfigError as exc:
+            if exc.field_name == key:
+                return self._finding(c, f"not a value this key accepts: {exc}")
+        return []
+
+    def _file(self, c: Citation, path: str) -> list[Finding]:
+        self.counts["file"] += 1
+        if PLACEHOLDER_PATH.search(path):
+            return []
+        path = path.removeprefix("./")
+        found = self.index.matching_files(path)
+        exact = path in found or SRC + path in found
+        if path.endswith(".py") and not exact and len(found) > 1:
+            return self._finding(c, "ambiguous: give its folder (" + ", ".join(
+                f.removeprefix(SRC) for f in found) + ")")
+        if found or Path(path).name in self.index.strings:
+            return []
+        return self._finding(c, "no such file in the repository (nor a file name the code "
+                                "writes or reads)")
+
+    def _code_name(self, c: Citation, name: str) -> list[Finding]:
+        ix = self.index
+        if name in NOT_CODE:
+            return []
+        if name.endswith(".py"):
+            return self._file(c, name)
+        if "." in name:
+            first = name.split(".")[0]
+            if first in self.sections and config_lookup(name)[0]:
+                return self._config(c, name)
+            self.counts["code path"] += 1
+            bare = name.removeprefix("cfg.")
+            if ix.resolve(name) or is_external(name) or config_lookup(bare)[0] \
+                    or first in BUILTINS or (first in EVENT_PREFIXES and
+                                             self._known(name.split(".", 1)[1])):
+                return []
+            also = (f"; nor a config key (no key {name!r} in config/schema.py)"
+                    if first in self.sections else "")
+            return self._finding(c, "does not resolve in src/dynaresize (module, class or "
+                                    f"function renamed or gone?){also}")
+        if MATH.fullmatch(name):
+            return []
+        if re.fullmatch(r"_?[A-Z]\w*[a-z]\w*", name) and name not in BUILTINS:
+            self.counts["class name"] += 1
+            if ix.defines(name) or name in ix.identifiers:
+                return []
+            return self._finding(c, "no class or name of that name in src/dynaresize")
+        if "_" in name.strip("_") or name.startswith("_"):
+            self.counts["name"] += 1
+            if self._known(name):
+                return []
+            return self._finding(c, "no function, attribute, record key or config key of that "
+                                    "name in src/dynaresize")
+        return []
+
+
+    def _known(self, name: str) -> bool:
+        """Defined or used in the code, a config key name, or in a script."""
+        ix = self.index
+        return (name in ix.identifiers or name in ix.strings or name in self.key_names
+                or ix.defines(name)
+                or re.search(r"\b" + re.escape(name) + r"\b", ix.script_text) is not None)
+
+
+def doc_files(root: Path) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def check_docs(root: Path, run_commands: bool = True) -> tuple[list[Finding], Counter[str]]:
+    """Every finding in README.md and docs/*.md, and how many citations of each kind were
+    checked."""
+    from dynaresize.app.docs_commands import check_commands
+
+    checker = Checker(root)
+    findings: list[Finding] = []
+    for path in doc_files(root):
+        rel = path.relative_to(root).as_posix()
+        cites = citations(rel, path.read_text(encoding="utf-8"))
+        for c in cites:
+            findings += checker.check(c)
+        findings += check_commands(cites, root, checker.counts,
+                                   run=run_commands and rel == "README.md")
+    return findings, checker.counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(args[0] if args else ".").resolve()
+    findings, counts = check_docs(root)
+    for f in findings:
+        print(f)
+    if findings:
+        print("fix the doc (or the code); a term that only looks like code goes into NOT_CODE "
+              "in src/dynaresize/app/docs_check.py, with its reason", file=sys.stderr)
+    total = sum(counts.values())
+    print(f"docs check: {total} citations checked ("
+          + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f"); "
+          f"{len(findings)} problem(s)", file=sys.stderr)
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
