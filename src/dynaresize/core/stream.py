@@ -25,6 +25,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from dynaresize.core.advantages import AdvantageSpec
 from dynaresize.core.samples import group_samples
 from dynaresize.core.types import Completion, TrainSample
 from dynaresize.train.balance import cut_group, num_slots, slot_index
@@ -35,7 +36,8 @@ class StepStream:
 
     def __init__(self, step: int, version: int, prompt_ids: Sequence[int],
                  samples_per_prompt: int, micro_batch_size: int,
-                 max_tokens_per_micro_batch: int = 0) -> None:
+                 max_tokens_per_micro_batch: int = 0,
+                 advantage_spec: AdvantageSpec | None = None) -> None:
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
         keys = [(p, j) for p in sorted(prompt_ids) for j in range(samples_per_prompt)]
@@ -45,6 +47,7 @@ class StepStream:
                              f"{micro_batch_size}")
         self.step = step
         self.version = version
+        self.advantage_spec = advantage_spec
         self.samples_per_prompt = samples_per_prompt
         self._position = {p: i for i, p in enumerate(sorted(prompt_ids))}
         self._mb_keys: dict[int, list[tuple[int, int]]] = {}
@@ -179,7 +182,7 @@ class StepStream:
 
     def _add_group(self, prompt: int, group: list[tuple[Completion, float]]) -> None:
         for s in group_samples(self.step, self.version, prompt, [c for c, _ in group],
-                               [r for _, r in group]):
+                               [r for _, r in group], self.advantage_spec):
             self._samples[(prompt, s.sample)] = s
 
     @property

@@ -156,7 +156,8 @@ class DeviceActor:
         return FSDPTrainer(factory, self.cfg.train, self.group(members),
                            generation=self._mesh_generation, device=self.torch_device,
                            temperature=self.cfg.rollout.temperature,
-                           pad_token_id=self.task.tokenizer.pad_id)
+                           pad_token_id=self.task.tokenizer.pad_id,
+                           max_new_tokens=self.cfg.task.max_new_tokens)
 
     def join_train_group(self, members: tuple[int, ...], generation: int) -> int:
         self.group(members)

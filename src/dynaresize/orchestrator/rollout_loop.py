@@ -25,6 +25,7 @@ from typing import Any
 
 from dynaresize.config import Config
 from dynaresize.control.base import Controller
+from dynaresize.core.advantages import advantage_spec
 from dynaresize.core.rundir import RunDir
 from dynaresize.core.samples import assemble_step
 from dynaresize.core.stream import StepStream
@@ -134,7 +135,8 @@ class RolloutLoop:
         if self.streaming:
             stream = StepStream(step, version, list(by_id), cfg.task.samples_per_prompt,
                                 cfg.train.micro_batch_size,
-                                cfg.train.max_tokens_per_micro_batch)
+                                cfg.train.max_tokens_per_micro_batch,
+                                advantage_spec(cfg.train.loss, cfg.task.max_new_tokens))
             self.board.post_stream(step, stream)
         holder: list[RolloutRun] = []
         changed = self.board.changed
@@ -215,7 +217,8 @@ class RolloutLoop:
         stream = self.board.posted_stream(step)
         built = stream.samples if stream is not None else None
         got = assemble_step(step, version, expected, run.completions, rewards, rollout_s,
-                            cfg.output.record_tokens, built)
+                            cfg.output.record_tokens, built,
+                            advantage_spec(cfg.train.loss, cfg.task.max_new_tokens))
         got.rollout_device_s = sum(b - a for a, b in run.busy_s.values())
         got.rollout_tail_device_s = run.tail_device_s()
         if built is not None:
