@@ -134,7 +134,8 @@ def test_sequence_aggregation_is_the_mean_of_sequence_means() -> None:
     for name, value in expected.items():
         spec = LossSpec(100.0, 0.0, aggregation=name, max_new_tokens=10)
         loss_sum, stats = micro_batch_loss(model, None, samples, spec, torch.device("cpu"))
-        assert float(loss_sum.detach()) / loss_denominator(stats, spec) == pytest.approx(value, rel=1e-5)
+        got = float(loss_sum.detach()) / loss_denominator(stats, spec)
+        assert got == pytest.approx(value, rel=1e-5)
 
 
 def test_entropy_bonus_lowers_the_loss_by_coef_times_entropy() -> None:

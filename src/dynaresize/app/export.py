@@ -6,11 +6,11 @@ Hugging Face folder that transformers (`AutoModelForCausalLM.from_pretrained(DIR
     tokenizer_config.json  (special_tokens_map.json, chat template: as the tokenizer has them)
 
 The model is the one the run trained: the tiny default (its architecture from the run's
-`[model]` table, its fixed character tokenizer written as a byte-level tokenizer with
-one token per character, see `char_tokenizer_fast`), or the `model.path` / `model.source` checkpoint with its own
-tokenizer. The built-in tasks (`count`, `jsonl`) always use the character tokenizer, which is
-what is exported with them. Weights: RUN_DIR/model.pt (written at the end of a run,
-`output.save_model`), else the newest checkpoint's weights.
+`[model]` table, its fixed character tokenizer written as a byte-level tokenizer with one
+token per character, see `char_tokenizer_fast`), or the `model.path` / `model.source`
+checkpoint with its own tokenizer. The built-in tasks (`count`, `jsonl`) always use the
+character tokenizer, which is what is exported with them. Weights: RUN_DIR/model.pt
+(written at the end of a run, `output.save_model`), else the newest checkpoint's weights.
 """
 
 from __future__ import annotations
