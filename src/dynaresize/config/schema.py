@@ -31,6 +31,10 @@ class RunConfig:
         default=1,
     )
     checkpoint_every: int = _doc("Checkpoint every N steps (0: never).", default=0)
+    export_every: int = _doc("Every N steps, and at the end, write the newest policy as a "
+                             "Hugging Face folder RUN_DIR/export/version-V (what `dynaresize "
+                             "export` writes; transformers and vLLM load it); 0: never.",
+                             default=0)
 
 
 @dataclass

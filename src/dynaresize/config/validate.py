@@ -101,6 +101,7 @@ def validate(cfg: Config, *, check_machine: bool = True) -> None:
     if r.staleness not in (0, 1):
         raise ConfigError("run.staleness", r.staleness, "allowed: 0 (on-policy), 1 (one-step-off)")
     _non_negative("run.checkpoint_every", r.checkpoint_every)
+    _non_negative("run.export_every", r.export_every)
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
         _positive(f"model.{name}", getattr(cfg.model, name))
     if cfg.model.hidden_size % cfg.model.num_heads:

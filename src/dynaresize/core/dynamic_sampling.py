@@ -1,0 +1,110 @@
+"""DAPO dynamic sampling, planned purely (no asyncio, no devices, no clock).
+
+A group whose rewards are all equal has zero advantage everywhere: it costs rollout and
+training and teaches nothing. With `train.dynamic_sampling.enabled`, a step keeps B =
+`task.prompts_per_step` groups WITH a reward signal (non-zero variance) out of a larger,
+seeded draw, and the rest are recorded as dropped. Everything here is a function of the seed
+and the rewards only, never of timing, so the records contract (design §2) holds under any
+allocation and resize schedule:
+
+- the step's prompt POOL is `source.batch(step, B x max_rounds, seed)` (always the same size,
+  so pools of different steps never share prompts); round r is its r-th slice of B prompts,
+  in pool order (the seeded order);
+- how many rounds a step draws up front (`rounds_for`) follows the filter rate of an earlier
+  step whose records are final before this step's rollout starts (`rate_step`: step k - 1 -
+  staleness), with a safety margin, capped at `max_rounds`: the extra rounds are dispatched
+  with the first, in one rollout, while the first ones run;
+- which groups enter the batch (`select_groups`): the first B groups with a signal in pool
+  order; if the drawn rounds hold fewer, the first groups without one fill the batch (their
+  advantages are 0: no policy-gradient term, only KL/entropy), so the batch always has B
+  groups (micro-batching needs a fixed size);
+- `certain_shortfall` says when a further round would be needed for sure (more groups
+  without signal than the rounds can spare): the rule for a top-up round dispatched during
+  the rollout (planned here; the live loop draws its rounds up front).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DynamicSampling:
+    """`[train.dynamic_sampling]` as the planner sees it."""
+
+    groups_per_step: int
+    """B: groups the step trains on (task.prompts_per_step)."""
+    max_rounds: int
+    """Cap: at most this many rounds of B prompts per step."""
+    margin: float = 0.25
+    """Draw enough rounds for (1 + margin) x B expected groups with a signal."""
+
+    def __post_init__(self) -> None:
+        if self.groups_per_step <= 0 or self.max_rounds <= 0 or self.margin < 0:
+            raise ValueError(f"bad dynamic sampling plan {self}")
+
+    @property
+    def pool_size(self) -> int:
+        """Prompts the step's pool draws (`source.batch(step, pool_size, seed)`)."""
+        return self.groups_per_step * self.max_rounds
+
+    def rounds_for(self, filter_rate: float | None) -> int:
+        """Rounds to draw up front when a fraction `filter_rate` of groups is expected to have
+        no signal (None: not known yet, 1 round)."""
+        if filter_rate is None:
+            return 1
+        if filter_rate >= 1.0:
+            return self.max_rounds
+        need = (1.0 + self.margin) / (1.0 - filter_rate)
+        return max(1, min(self.max_rounds, math.ceil(need - 1e-9)))
+
+    def round_prompts(self, pool: Sequence[int], rounds: int) -> list[int]:
+        """The prompt ids of the first `rounds` rounds of a step's `pool` (pool order)."""
+        if len(pool) != self.pool_size:
+            raise ValueError(f"a pool of {len(pool)} prompts, expected {self.pool_size}")
+        if not 1 <= rounds <= self.max_rounds:
+            raise ValueError(f"rounds = {rounds}: must be in [1, {self.max_rounds}]")
+        return list(pool[:rounds * self.groups_per_step])
+
+
+def rate_step(step: int, staleness: int) -> int | None:
+    """The step whose filter rate plans step `step`'s rounds: the newest one whose rollout has
+    ended before step `step`'s starts (step - 1 - staleness); None for the first steps."""
+    earlier = step - 1 - staleness
+    return earlier if earlier >= 0 else None
+
+
+def has_signal(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards are not all equal (non-zero variance)."""
+    return any(r != rewards[0] for r in rewards)
+
+
+def filter_rate(groups: Mapping[int, Sequence[float]]) -> float:
+    """Fraction of the groups without a signal (0 for no groups)."""
+    if not groups:
+        return 0.0
+    return sum(1 for r in groups.values() if not has_signal(r)) / len(groups)
+
+
+def select_groups(order: Sequence[int], groups: Mapping[int, Sequence[float]],
+                  num_groups: int) -> tuple[list[int], list[int]]:
+    """(kept, dropped) prompt ids, each in `order` (the seeded pool order): the first
+    `num_groups` with a signal, topped up with the first ones without (module docstring)."""
+    if set(order) != set(groups) or len(order) != len(groups):
+        raise ValueError(f"{len(groups)} rewarded groups for an order of {len(order)} prompts")
+    if num_groups > len(order):
+        raise ValueError(f"{num_groups} groups wanted out of {len(order)}")
+    chosen = [p for p in order if has_signal(groups[p])][:num_groups]
+    if len(chosen) < num_groups:
+        chosen += [p for p in order if not has_signal(groups[p])][:num_groups - len(chosen)]
+    keep = set(chosen)
+    return [p for p in order if p in keep], [p for p in order if p not in keep]
+
+
+def certain_shortfall(num_groups: int, finished_without_signal: int, wanted: int) -> bool:
+    """True once the drawn `num_groups` cannot hold `wanted` groups with a signal whatever
+    the unfinished ones give: a top-up round is needed (a function of rewards, not of when
+    they arrive: the answer at the end of the rollout is the same)."""
+    return finished_without_signal > num_groups - wanted
