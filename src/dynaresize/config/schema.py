@@ -156,6 +156,22 @@ class LossConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """`[train.dynamic_sampling]`: DAPO's dynamic sampling (docs/recipes.md)."""
+
+    enabled: bool = _doc("Train each step on task.prompts_per_step groups whose rewards are "
+                         "not all equal, out of up to max_rounds rounds of that many prompts "
+                         "drawn at once; the other groups are recorded as dropped (kept = "
+                         "false). Which groups: the first ones with a signal in the seeded "
+                         "order (never timing). Turns streaming training off.", default=False)
+    max_rounds: int = _doc("Cap: at most this many rounds of task.prompts_per_step prompts "
+                           "per step.", default=3)
+    margin: float = _doc("Rounds drawn: enough for (1 + margin) x the batch at the filter "
+                         "rate of the newest step that ended before this one started.",
+                         default=0.25)
+
+
+@dataclass
 class TrainConfig:
     lr: float = _doc("AdamW learning rate.", default=3e-3)
     weight_decay: float = _doc("AdamW weight decay.", default=0.0)
@@ -185,6 +201,7 @@ class TrainConfig:
         default=True,
     )
     loss: LossConfig = field(default_factory=LossConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
 
 @dataclass

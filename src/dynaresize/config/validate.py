@@ -90,6 +90,8 @@ def _validate_loss(cfg: Config) -> None:
     _one_of("train.loss.advantage", loss.advantage, ADVANTAGES)
     _one_of("train.loss.ratio", loss.ratio, RATIOS)
     _one_of("train.loss.kl_estimator", loss.kl_estimator, KL_ESTIMATORS)
+    _positive("train.dynamic_sampling.max_rounds", cfg.train.dynamic_sampling.max_rounds)
+    _non_negative("train.dynamic_sampling.margin", cfg.train.dynamic_sampling.margin)
     if loss.overlong_window > cfg.task.max_new_tokens:
         raise ConfigError("train.loss.overlong_window", loss.overlong_window,
                           f"must be <= task.max_new_tokens = {cfg.task.max_new_tokens}")

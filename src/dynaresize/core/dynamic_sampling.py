@@ -28,6 +28,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from dynaresize.core.advantages import AdvantageSpec
+from dynaresize.core.samples import StepSamples, assemble_step
+from dynaresize.core.types import Completion
 
 
 @dataclass(frozen=True)
@@ -108,3 +113,43 @@ def certain_shortfall(num_groups: int, finished_without_signal: int, wanted: int
     the unfinished ones give: a top-up round is needed (a function of rewards, not of when
     they arrive: the answer at the end of the rollout is the same)."""
     return finished_without_signal > num_groups - wanted
+
+
+def step_prompts(plan: DynamicSampling, pool: Sequence[Any], step: int, staleness: int,
+                 rates: Mapping[int, float]) -> list[Any]:
+    """The prompts step `step` rolls out: the first rounds of its `pool` (the source's
+    `batch(step, plan.pool_size, seed)`), as many as the filter rate of `rate_step` asks
+    (`rates`: step -> filter rate of the steps that ended; missing: 1 round)."""
+    earlier = rate_step(step, staleness)
+    rounds = plan.rounds_for(rates.get(earlier) if earlier is not None else None)
+    if len(pool) != plan.pool_size:
+        raise ValueError(f"a pool of {len(pool)} prompts, expected {plan.pool_size}")
+    return list(pool[:rounds * plan.groups_per_step])
+
+
+def assemble_dynamic(step: int, version: int, order: Sequence[int],
+                     completions: list[Completion], rewards: Mapping[tuple[int, int], float],
+                     samples_per_prompt: int, num_groups: int, rollout_s: float,
+                     record_tokens: bool = False, adv_spec: AdvantageSpec | None = None
+                     ) -> tuple[StepSamples, float]:
+    """(the step's training samples: the kept groups, with the records of ALL groups, each
+    marked `kept`; the step's filter rate). `order`: the step's prompt ids in pool order."""
+    groups = {p: [rewards[(p, j)] for j in range(samples_per_prompt)] for p in order}
+    kept, dropped = select_groups(order, groups, num_groups)
+    kept_set = set(kept)
+
+    def keys(prompts: Sequence[int]) -> set[tuple[int, int]]:
+        return {(p, j) for p in prompts for j in range(samples_per_prompt)}
+
+    got = assemble_step(step, version, keys(kept),
+                        [c for c in completions if c.spec.prompt in kept_set], dict(rewards),
+                        rollout_s, record_tokens, None, adv_spec)
+    records = [dict(r, kept=True) for r in got.records]
+    if dropped:
+        rest = assemble_step(step, version, keys(dropped),
+                             [c for c in completions if c.spec.prompt not in kept_set],
+                             dict(rewards), rollout_s, record_tokens, None, adv_spec)
+        records += [dict(r, kept=False) for r in rest.records]
+    records.sort(key=lambda r: (r["prompt"], r["sample"]))
+    got.records = records
+    return got, filter_rate(groups)

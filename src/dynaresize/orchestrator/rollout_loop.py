@@ -26,6 +26,7 @@ from typing import Any
 from dynaresize.config import Config
 from dynaresize.control.base import Controller
 from dynaresize.core.advantages import advantage_spec
+from dynaresize.core.dynamic_sampling import DynamicSampling, assemble_dynamic, step_prompts
 from dynaresize.core.rundir import RunDir
 from dynaresize.core.samples import assemble_step
 from dynaresize.core.stream import StepStream
@@ -70,6 +71,11 @@ class RolloutLoop:
         self.switch = switch
         self.num_migrated = 0
         """Requests moved to another engine by tail packing (`RolloutRun.pack_batch`)."""
+        ds = cfg.train.dynamic_sampling
+        self.dynamic = DynamicSampling(cfg.task.prompts_per_step, ds.max_rounds, ds.margin) \
+            if ds.enabled else None
+        self.filter_rates: dict[int, float] = {}
+        """Dynamic sampling: step -> its filter rate (plans later steps' rounds)."""
 
     async def run(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
@@ -122,7 +128,12 @@ class RolloutLoop:
                    ready: list[Device]) -> tuple[RolloutRun, float, dict, dict]:
         """Create step `step`'s RolloutRun on `ready` engines (others join later)."""
         cfg = self.cfg
-        prompts = list(self.source.batch(step, cfg.task.prompts_per_step, cfg.run.seed))
+        if self.dynamic is None:
+            prompts = list(self.source.batch(step, cfg.task.prompts_per_step, cfg.run.seed))
+        else:  # dynamic sampling: the first rounds of the step's seeded pool
+            pool = list(self.source.batch(step, self.dynamic.pool_size, cfg.run.seed))
+            prompts = step_prompts(self.dynamic, pool, step, cfg.run.staleness,
+                                   self.filter_rates)
         by_id = {p.id: p for p in prompts}
         specs = [RequestSpec(step=step, prompt=p.id, sample=j, version=version,
                              prompt_tokens=tuple(p.tokens),
@@ -216,9 +227,15 @@ class RolloutLoop:
         expected = {(p, j) for p in by_id for j in range(cfg.task.samples_per_prompt)}
         stream = self.board.posted_stream(step)
         built = stream.samples if stream is not None else None
-        got = assemble_step(step, version, expected, run.completions, rewards, rollout_s,
-                            cfg.output.record_tokens, built,
-                            advantage_spec(cfg.train.loss, cfg.task.max_new_tokens))
+        adv_spec = advantage_spec(cfg.train.loss, cfg.task.max_new_tokens)
+        if self.dynamic is not None:  # the kept groups train; every group is recorded
+            got, self.filter_rates[step] = assemble_dynamic(
+                step, version, list(by_id), run.completions, rewards,
+                cfg.task.samples_per_prompt, cfg.task.prompts_per_step, rollout_s,
+                cfg.output.record_tokens, adv_spec)
+        else:
+            got = assemble_step(step, version, expected, run.completions, rewards, rollout_s,
+                                cfg.output.record_tokens, built, adv_spec)
         got.rollout_device_s = sum(b - a for a, b in run.busy_s.values())
         got.rollout_tail_device_s = run.tail_device_s()
         if built is not None:
