@@ -167,8 +167,9 @@ class DynamicSamplingConfig:
     max_rounds: int = _doc("Cap: at most this many rounds of task.prompts_per_step prompts "
                            "per step.", default=3)
     margin: float = _doc("Rounds drawn: enough for (1 + margin) x the batch at the filter "
-                         "rate of the newest step that ended before this one started.",
-                         default=0.25)
+                         "rate of the newest step that ended before this one started (0: "
+                         "exactly the batch, expected; a shortfall fills with groups without "
+                         "a signal).", default=0.0)
 
 
 @dataclass

@@ -43,7 +43,7 @@ class DynamicSampling:
     """B: groups the step trains on (task.prompts_per_step)."""
     max_rounds: int
     """Cap: at most this many rounds of B prompts per step."""
-    margin: float = 0.25
+    margin: float = 0.0
     """Draw enough rounds for (1 + margin) x B expected groups with a signal."""
 
     def __post_init__(self) -> None:
