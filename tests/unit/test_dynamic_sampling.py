@@ -69,3 +69,36 @@ def test_bad_inputs() -> None:
         DynamicSampling(0, 2)
     with pytest.raises(ValueError, match="rewarded groups"):
         select_groups([1, 2], {1: [0, 1]}, 1)
+
+
+def test_keep_tracker_releases_exactly_the_kept_groups_in_any_completion_order() -> None:
+    from dynaresize.core.dynamic_sampling import KeepTracker
+
+    rng = random.Random(9)
+    for trial in range(200):
+        order = list(range(10, 22))
+        groups = {p: [float(rng.random() < 0.4) for _ in range(3)] for p in order}
+        wanted = rng.randint(1, 8)
+        kept, _ = select_groups(order, groups, wanted)
+        tracker = KeepTracker(order, wanted)
+        finish = order[:]
+        rng.shuffle(finish)
+        released: list[int] = []
+        for p in finish:
+            new = tracker.complete(p, has_signal(groups[p]))
+            assert not set(new) & set(released)
+            assert set(new) <= set(kept)  # never releases a group that is not kept
+            released += new
+        assert sorted(released) == kept, trial
+
+
+def test_keep_tracker_releases_early_groups_at_once() -> None:
+    from dynaresize.core.dynamic_sampling import KeepTracker
+
+    tracker = KeepTracker([1, 2, 3, 4, 5, 6], 2)
+    assert tracker.complete(2, True) == [2]  # at most group 1 before it: surely kept
+    assert tracker.complete(5, True) == []  # 1, 3, 4 unfinished: may have a signal
+    assert tracker.complete(1, False) == []  # no signal: a filler at most, known at the end
+    assert tracker.complete(3, True) == [3]
+    assert tracker.complete(4, True) == []  # third with a signal: dropped
+    assert tracker.complete(6, False) == []

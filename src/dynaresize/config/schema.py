@@ -163,7 +163,9 @@ class DynamicSamplingConfig:
                          "not all equal, out of up to max_rounds rounds of that many prompts "
                          "drawn at once; the other groups are recorded as dropped (kept = "
                          "false). Which groups: the first ones with a signal in the seeded "
-                         "order (never timing). Turns streaming training off.", default=False)
+                         "order (never timing). Streaming training needs "
+                         "train.max_tokens_per_micro_batch > 0 with it (a group trains once it "
+                         "is known to be kept).", default=False)
     max_rounds: int = _doc("Cap: at most this many rounds of task.prompts_per_step prompts "
                            "per step.", default=3)
     margin: float = _doc("Rounds drawn: enough for (1 + margin) x the batch at the filter "

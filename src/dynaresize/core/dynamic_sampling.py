@@ -101,11 +101,52 @@ def select_groups(order: Sequence[int], groups: Mapping[int, Sequence[float]],
         raise ValueError(f"{len(groups)} rewarded groups for an order of {len(order)} prompts")
     if num_groups > len(order):
         raise ValueError(f"{num_groups} groups wanted out of {len(order)}")
-    chosen = [p for p in order if has_signal(groups[p])][:num_groups]
-    if len(chosen) < num_groups:
-        chosen += [p for p in order if not has_signal(groups[p])][:num_groups - len(chosen)]
-    keep = set(chosen)
+    keep = kept_of({p: has_signal(groups[p]) for p in order}, order, num_groups)
     return [p for p in order if p in keep], [p for p in order if p not in keep]
+
+
+def kept_of(signal: Mapping[int, bool], order: Sequence[int], num_groups: int) -> set[int]:
+    """The kept prompts given each group's signal (`select_groups`' rule)."""
+    chosen = [p for p in order if signal[p]][:num_groups]
+    if len(chosen) < num_groups:
+        chosen += [p for p in order if not signal[p]][:num_groups - len(chosen)]
+    return set(chosen)
+
+
+class KeepTracker:
+    """Streaming training with dynamic sampling: which groups are KNOWN to be kept as groups
+    complete in any order. A complete group with a signal is kept for sure once fewer than
+    `num_groups` groups before it in pool order can have a signal (the finished ones with a
+    signal plus the unfinished ones); groups without a signal are known only when every
+    group is complete (they may fill the batch). The groups released over a step are
+    exactly `select_groups`' kept ones, whatever the completion order."""
+
+    def __init__(self, order: Sequence[int], num_groups: int) -> None:
+        self.order = list(order)
+        self.num_groups = num_groups
+        self.signal: dict[int, bool] = {}
+        self.released: set[int] = set()
+
+    def complete(self, prompt: int, signal: bool) -> list[int]:
+        """Record a complete group; returns the groups newly known to be kept (pool order)."""
+        if prompt in self.signal:
+            raise ValueError(f"group {prompt} completed twice")
+        self.signal[prompt] = signal
+        if len(self.signal) == len(self.order):
+            keep = kept_of(self.signal, self.order, self.num_groups)
+            out = [p for p in self.order if p in keep and p not in self.released]
+        else:
+            out, possible = [], 0  # groups before p that can have a signal
+            for p in self.order:
+                if possible >= self.num_groups:
+                    break
+                known = self.signal.get(p)
+                if known and p not in self.released:
+                    out.append(p)
+                if known is None or known:
+                    possible += 1
+        self.released.update(out)
+        return out
 
 
 def certain_shortfall(num_groups: int, finished_without_signal: int, wanted: int) -> bool:

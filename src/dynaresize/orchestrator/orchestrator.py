@@ -123,7 +123,8 @@ class Orchestrator:
         controller = controller or make_controller(cfg)
         self.streaming = bool(getattr(controller, "streams_training", False)
                               and cfg.controller.stream_training and cfg.train.exact_reduction
-                              and not cfg.train.dynamic_sampling.enabled)
+                              and not (cfg.train.dynamic_sampling.enabled
+                                       and not cfg.train.max_tokens_per_micro_batch))
         """Training streams over completed groups (`dynaresize.core.stream`)."""
         self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
                               and cfg.controller.pipeline_rollouts and injector is None)

@@ -147,7 +147,8 @@ class RolloutLoop:
             stream = StepStream(step, version, list(by_id), cfg.task.samples_per_prompt,
                                 cfg.train.micro_batch_size,
                                 cfg.train.max_tokens_per_micro_batch,
-                                advantage_spec(cfg.train.loss, cfg.task.max_new_tokens))
+                                advantage_spec(cfg.train.loss, cfg.task.max_new_tokens),
+                                cfg.task.prompts_per_step if self.dynamic else 0)
             self.board.post_stream(step, stream)
         holder: list[RolloutRun] = []
         changed = self.board.changed
