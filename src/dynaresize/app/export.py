@@ -81,8 +81,11 @@ def _tokenizer_and_ids(cfg: Config) -> tuple[Any, int, int, int, int]:
 def export_model(cfg: Config, state_dict: dict[str, Any], out_dir: str | Path) -> Path:
     """Write `state_dict` (the run's model) as an HF folder at `out_dir` (replaced if it
     exists; written under a temporary name first)."""
+    from transformers.utils import logging as hf_logging
+
     from dynaresize.models import build_model
 
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar in a run's progress
     out = Path(out_dir)
     tokenizer, vocab_size, eos, bos, pad = _tokenizer_and_ids(cfg)
     model = build_model(cfg.model, vocab_size, eos_token_id=eos, bos_token_id=bos,
