@@ -36,17 +36,49 @@ def view(path: Path) -> dict[tuple[int, int, int], tuple]:
     return out
 
 
-def test_forced_resizes_keep_the_dynamic_sampling_records(device_pool: Any,
+@pytest.fixture(scope="module")
+def static_dir(device_pool: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ds-static")
+    run(device_pool, out, BUDGET)
+    return out
+
+
+BUDGET = "train.max_tokens_per_micro_batch=64"
+"""Token-budgeted micro-batches: what lets dynamic sampling stream (`KeepTracker`)."""
+
+
+def test_forced_resizes_keep_the_dynamic_sampling_records(device_pool: Any, static_dir: Path,
                                                           tmp_path: Path) -> None:
-    static = run(device_pool, tmp_path / "static")
-    resized = run(device_pool, tmp_path / "resized", SCHEDULE)
+    static = read_summary(static_dir)
+    resized = run(device_pool, tmp_path / "resized", BUDGET, SCHEDULE)
     assert resized["num_resizes"] == 4
-    assert view(tmp_path / "resized") == view(tmp_path / "static")
+    assert view(tmp_path / "resized") == view(static_dir)
     assert resized["param_sha256"] == static["param_sha256"]
-    records = read_jsonl(tmp_path / "static" / "samples.jsonl")
+    records = read_jsonl(static_dir / "samples.jsonl")
     per_step: dict[int, set[int]] = {}
     for r in records:
         if r["kept"]:
             per_step.setdefault(r["step"], set()).add(r["prompt"])
     assert all(len(prompts) == 4 for prompts in per_step.values())  # B groups train
     assert any(not r["kept"] for r in records)  # later steps drew a second round
+
+
+def test_streamed_training_of_kept_groups_gives_the_static_update(device_pool: Any,
+                                                                  static_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """`fixed` streams training through the rollout: kept groups train as soon as they are
+    known to be kept; the records and the parameters are the static run's."""
+    streamed = run(device_pool, tmp_path, BUDGET, "controller.policy='fixed'")
+    assert view(tmp_path) == view(static_dir)
+    assert streamed["param_sha256"] == read_summary(static_dir)["param_sha256"]
+    trains: dict[int, int] = {}  # streaming writes one train event per micro-batch
+    for e in read_jsonl(tmp_path / "events.jsonl"):
+        if e["kind"] == "train":
+            trains[e["step"]] = trains.get(e["step"], 0) + 1
+    assert max(trains.values()) > 2  # more than one per training device: it streamed
+
+
+def read_summary(path: Path) -> dict:
+    import json
+
+    return json.loads((path / "summary.json").read_text())

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynaresize.core.advantages import AdvantageSpec
-from dynaresize.core.samples import StepSamples, assemble_step
+from dynaresize.core.samples import Records, StepSamples, assemble_step
 from dynaresize.core.types import Completion
 
 
@@ -185,12 +185,16 @@ def assemble_dynamic(step: int, version: int, order: Sequence[int],
     got = assemble_step(step, version, keys(kept),
                         [c for c in completions if c.spec.prompt in kept_set], dict(rewards),
                         rollout_s, record_tokens, None, adv_spec)
-    records = [dict(r, kept=True) for r in got.records]
-    if dropped:
-        rest = assemble_step(step, version, keys(dropped),
-                             [c for c in completions if c.spec.prompt not in kept_set],
-                             dict(rewards), rollout_s, record_tokens, None, adv_spec)
-        records += [dict(r, kept=False) for r in rest.records]
-    records.sort(key=lambda r: (r["prompt"], r["sample"]))
-    got.records = records
+    rest = assemble_step(step, version, keys(dropped),
+                         [c for c in completions if c.spec.prompt not in kept_set],
+                         dict(rewards), rollout_s, record_tokens, None,
+                         adv_spec) if dropped else None
+    kept_records = got.records
+
+    def build() -> list[dict[str, Any]]:  # lazily, like `Records` (the twin without --out)
+        records = [dict(r, kept=True) for r in kept_records]
+        records += [dict(r, kept=False) for r in (rest.records if rest else ())]
+        return sorted(records, key=lambda r: (r["prompt"], r["sample"]))
+
+    got.records = Records(build, len(completions))
     return got, filter_rate(groups)
