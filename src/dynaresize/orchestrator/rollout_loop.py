@@ -157,7 +157,9 @@ class RolloutLoop:
             for c in done:
                 key = (c.spec.prompt, c.spec.sample)
                 rewards[key] = self.source.reward(by_id[c.spec.prompt], list(c.tokens))
-                if stream is not None and stream.add(c, rewards[key], self.clock.now()):
+                # (dynamic sampling: the last group may release nothing, yet completes it)
+                if stream is not None and (stream.add(c, rewards[key], self.clock.now())
+                                           or stream.complete):
                     changed.set()
             if self.injector is not None:
                 self.injector.at_rollout(step, holder[0].num_finished / holder[0].total)
