@@ -39,7 +39,7 @@ def view(path: Path) -> dict[tuple[int, int, int], tuple]:
 @pytest.fixture(scope="module")
 def static_dir(device_pool: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ds-static")
-    run(device_pool, out, BUDGET)
+    run(device_pool, out, BUDGET, "controller.policy='static'")  # trains after the rollout
     return out
 
 
@@ -67,7 +67,8 @@ def test_streamed_training_of_kept_groups_gives_the_static_update(device_pool: A
                                                                   static_dir: Path,
                                                                   tmp_path: Path) -> None:
     """`fixed` streams training through the rollout: kept groups train as soon as they are
-    known to be kept; the records and the parameters are the static run's."""
+    known to be kept (`KeepTracker`); the records and the parameters are those of the static
+    run, which trains the assembled step after its rollout."""
     streamed = run(device_pool, tmp_path, BUDGET, "controller.policy='fixed'")
     assert view(tmp_path) == view(static_dir)
     assert streamed["param_sha256"] == read_summary(static_dir)["param_sha256"]
