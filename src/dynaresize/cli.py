@@ -147,7 +147,8 @@ def _load_extra_commands() -> None:
         return
     import importlib
 
-    for name in ("dynaresize.sim.cli", "dynaresize.app.report", "dynaresize.app.bench"):
+    for name in ("dynaresize.sim.cli", "dynaresize.app.report", "dynaresize.app.bench",
+                 "dynaresize.app.export"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

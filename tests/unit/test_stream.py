@@ -213,3 +213,32 @@ def test_token_budgeted_stream_cuts_each_group_as_it_completes() -> None:
     assert sorted(stream.ready) == [m for m, _ in reference]
     assert [stream.micro_batch(m) for m, _ in reference] == [mb for _, mb in reference]
     assert stream.todo_fraction(stream.ready) == 0.0
+
+
+def test_dynamic_sampling_streams_exactly_the_kept_groups() -> None:
+    """keep_groups (dynamic sampling): the ready micro-batches are those of the kept groups'
+    samples, in the same index order as the balanced plan of the assembled step."""
+    from dynaresize.core.dynamic_sampling import assemble_dynamic
+    from dynaresize.train.balance import token_micro_batches
+
+    pool, n, budget, keep = [2, 5, 8, 9, 13, 20], 4, 12, 3
+    comps = [_completion(1, p, j, length=1 + (p * j) % 9) for p in pool for j in range(n)]
+    # prompts 2 and 9: all rewards equal (no signal); the others vary
+    rewards = {(c.spec.prompt, c.spec.sample):
+               1.0 if c.spec.prompt in (2, 9) else float(c.spec.sample % 2) for c in comps}
+    for seed in range(5):
+        stream = StepStream(1, 0, pool, n, 2, max_tokens_per_micro_batch=budget,
+                            keep_groups=keep)
+        order = comps[:]
+        random.Random(seed).shuffle(order)
+        for c in order:
+            stream.add(c, rewards[(c.spec.prompt, c.spec.sample)])
+        assert stream.complete
+        got, rate = assemble_dynamic(1, 0, pool, comps, rewards, n, keep, 0.0)
+        assert rate == pytest.approx(2 / 6)
+        assert sorted({s.prompt for s in got.samples}) == [5, 8, 13]
+        reference = token_micro_batches(got.samples, budget)
+        assert [stream.micro_batch(m) for m in sorted(stream.ready)] == \
+            [mb for _, mb in reference]
+        kept = {r["prompt"]: r["kept"] for r in got.records}
+        assert kept == {2: False, 5: True, 8: True, 9: False, 13: True, 20: False}

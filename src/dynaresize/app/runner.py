@@ -25,6 +25,20 @@ def _save_model(handle: Any, path: Path) -> None:
     torch.save(ray.get(handle), path)
 
 
+def export_version(cfg: Config, versions: Any, run_dir: Path) -> Path:
+    """`run.export_every`: the newest version's weights as RUN_DIR/export/version-V (an HF
+    folder, `app.export`); written in this process, between two steps' records."""
+    import ray
+
+    from dynaresize.app.export import export_model
+
+    version = versions.latest
+    out = run_dir / "export" / f"version-{version:05d}"
+    if not out.is_dir():
+        export_model(cfg, ray.get(versions.get(version)), out)
+    return out
+
+
 class RayWeightIO:
     """Full weights between a Ray object (a WeightHandle) and a file, for checkpoints."""
 
@@ -135,6 +149,9 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
 
         def on_step(record: dict[str, Any]) -> None:
             progress.step(record)
+            every = cfg.run.export_every
+            if every and rundir.path is not None and (record["step"] + 1) % every == 0:
+                export_version(cfg, orch.versions, rundir.path)
             if stop_after_steps is not None and record["step"] + 1 >= stop_after_steps:
                 raise RunStopped(f"stopped after {stop_after_steps} steps")
 
@@ -159,6 +176,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         rundir.summary(summary)
         if cfg.output.save_model and rundir.path is not None:
             _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")
+        if cfg.run.export_every and rundir.path is not None:
+            export_version(cfg, orch.versions, rundir.path)
         return summary
     finally:
         stop_ray_evaluator(evaluator)

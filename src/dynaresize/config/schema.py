@@ -7,6 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynaresize.config.literal import toml_repr
+from dynaresize.config.recipes import (  # noqa: F401  (re-exported: `dynaresize.config`)
+    ADVANTAGES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    RATIOS,
+    DynamicSamplingConfig,
+    LossConfig,
+)
 
 
 class ConfigError(ValueError):
@@ -39,6 +47,10 @@ class RunConfig:
         default=1,
     )
     checkpoint_every: int = _doc("Checkpoint every N steps (0: never).", default=0)
+    export_every: int = _doc("Every N steps, and at the end, write the newest policy as a "
+                             "Hugging Face folder RUN_DIR/export/version-V (what `dynaresize "
+                             "export` writes; transformers and vLLM load it); 0: never.",
+                             default=0)
 
 
 @dataclass
@@ -156,6 +168,8 @@ class TrainConfig:
         "(sharded gradients, equal across layouts only up to float reduction order).",
         default=True,
     )
+    loss: LossConfig = field(default_factory=LossConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
 
 @dataclass

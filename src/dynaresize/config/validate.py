@@ -10,13 +10,17 @@ from pathlib import Path
 
 from dynaresize.config.literal import toml_repr
 from dynaresize.config.schema import (
+    ADVANTAGES,
+    AGGREGATIONS,
     BACKENDS,
     CPU_DEVICE_BYTES,
     DEVICE_TYPES,
     ENGINES,
+    KL_ESTIMATORS,
     MOVES,
     PLACEMENTS,
     PROGRESS,
+    RATIOS,
     TAIL_POLICIES,
     TASKS,
     TEXT_FORMATS,
@@ -76,6 +80,24 @@ def machine_device_limit(device_type: str) -> int:
     return max(1, min(64, total // CPU_DEVICE_BYTES))
 
 
+def _validate_loss(cfg: Config) -> None:
+    loss = cfg.train.loss
+    for name in ("clip_low", "clip_high", "entropy_coef", "overlong_window",
+                 "overlong_penalty"):
+        _non_negative(f"train.loss.{name}", getattr(loss, name))
+    if loss.clip_low >= 1:
+        raise ConfigError("train.loss.clip_low", loss.clip_low, "must be < 1")
+    _one_of("train.loss.aggregation", loss.aggregation, AGGREGATIONS)
+    _one_of("train.loss.advantage", loss.advantage, ADVANTAGES)
+    _one_of("train.loss.ratio", loss.ratio, RATIOS)
+    _one_of("train.loss.kl_estimator", loss.kl_estimator, KL_ESTIMATORS)
+    _positive("train.dynamic_sampling.max_rounds", cfg.train.dynamic_sampling.max_rounds)
+    _non_negative("train.dynamic_sampling.margin", cfg.train.dynamic_sampling.margin)
+    if loss.overlong_window > cfg.task.max_new_tokens:
+        raise ConfigError("train.loss.overlong_window", loss.overlong_window,
+                          f"must be <= task.max_new_tokens = {cfg.task.max_new_tokens}")
+
+
 def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = True) -> None:
     """Raise ConfigError on the first bad value. `check_machine`: also what this machine
     offers (devices, vLLM); `check_packages`: also that a `model.source`'s package is
@@ -85,6 +107,7 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
     if r.staleness not in (0, 1):
         raise ConfigError("run.staleness", r.staleness, "allowed: 0 (on-policy), 1 (one-step-off)")
     _non_negative("run.checkpoint_every", r.checkpoint_every)
+    _non_negative("run.export_every", r.export_every)
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
         _positive(f"model.{name}", getattr(cfg.model, name))
     if cfg.model.hidden_size % cfg.model.num_heads:
@@ -124,6 +147,7 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
     _positive("train.clip_eps", m.clip_eps)
     _non_negative("train.kl_coef", m.kl_coef)
     _non_negative("train.max_grad_norm", m.max_grad_norm)
+    _validate_loss(cfg)
     _positive("allocation.num_rollout_devices", a.num_rollout_devices)
     _positive("allocation.num_train_devices", a.num_train_devices)
     h, b = cfg.controller.hysteresis, cfg.controller.borrow

@@ -25,6 +25,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from dynaresize.core.advantages import AdvantageSpec
+from dynaresize.core.dynamic_sampling import KeepTracker, has_signal
 from dynaresize.core.samples import group_samples
 from dynaresize.core.types import Completion, TrainSample
 from dynaresize.train.balance import cut_group, num_slots, slot_index
@@ -35,7 +37,10 @@ class StepStream:
 
     def __init__(self, step: int, version: int, prompt_ids: Sequence[int],
                  samples_per_prompt: int, micro_batch_size: int,
-                 max_tokens_per_micro_batch: int = 0) -> None:
+                 max_tokens_per_micro_batch: int = 0,
+                 advantage_spec: AdvantageSpec | None = None, keep_groups: int = 0) -> None:
+        """`keep_groups` > 0 (dynamic sampling, token budget only): only the groups
+        `dynamic_sampling.KeepTracker` releases over `prompt_ids` (pool order) train."""
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
         keys = [(p, j) for p in sorted(prompt_ids) for j in range(samples_per_prompt)]
@@ -45,6 +50,10 @@ class StepStream:
                              f"{micro_batch_size}")
         self.step = step
         self.version = version
+        self.advantage_spec = advantage_spec
+        if keep_groups and not self.max_tokens:
+            raise ValueError("dynamic sampling streams token-budgeted micro-batches only")
+        self._tracker = KeepTracker(prompt_ids, keep_groups) if keep_groups else None
         self.samples_per_prompt = samples_per_prompt
         self._position = {p: i for i, p in enumerate(sorted(prompt_ids))}
         self._mb_keys: dict[int, list[tuple[int, int]]] = {}
@@ -110,10 +119,15 @@ class StepStream:
         self._num_groups_left -= 1
         for j, (c, _) in group.items():
             self._sample_tokens[(spec.prompt, j)] = c.num_prompt_tokens + c.num_tokens
+        released = [spec.prompt]
+        if self._tracker is not None:
+            rewards = [r for _, r in group.values()]
+            released = self._tracker.complete(spec.prompt, has_signal(rewards))
         if self.max_tokens:
-            self._cut(spec.prompt)
+            for prompt in released:
+                self._cut(prompt)
         newly = []
-        for m in self._mbs_of_prompt[spec.prompt]:
+        for m in (m for prompt in released for m in self._mbs_of_prompt[prompt]):
             self._missing_prompts[m] -= 1
             if self._missing_prompts[m] == 0:
                 newly.append(m)
@@ -179,7 +193,7 @@ class StepStream:
 
     def _add_group(self, prompt: int, group: list[tuple[Completion, float]]) -> None:
         for s in group_samples(self.step, self.version, prompt, [c for c, _ in group],
-                               [r for _, r in group]):
+                               [r for _, r in group], self.advantage_spec):
             self._samples[(prompt, s.sample)] = s
 
     @property

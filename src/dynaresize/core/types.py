@@ -106,3 +106,6 @@ class TrainSample:
     behavior_logprobs: list[float]
     advantage: float
     reward: float
+    group_tokens: int = 0
+    """Response tokens of the sample's whole GRPO group (the 'group' loss aggregation's
+    weight); 0: not known."""

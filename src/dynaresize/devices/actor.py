@@ -161,7 +161,8 @@ class DeviceActor:
         return FSDPTrainer(factory, settings.train, self.group(members),
                            generation=self._mesh_generation, device=self.torch_device,
                            temperature=settings.rollout.temperature,
-                           pad_token_id=settings.tokens.pad_id)
+                           pad_token_id=settings.tokens.pad_id,
+                           max_new_tokens=settings.max_new_tokens)
 
     def join_train_group(self, members: tuple[int, ...], generation: int) -> int:
         self.group(members)

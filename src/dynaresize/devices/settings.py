@@ -37,6 +37,8 @@ class DeviceSettings:
     rollout: RolloutConfig
     train: TrainConfig
     tokens: TokenIds
+    max_new_tokens: int
+    """`task.max_new_tokens`: the loss's constant normaliser (`train.loss.aggregation`)."""
 
     @classmethod
     def build(cls, cfg: Config, tokenizer: TokenizerIds) -> DeviceSettings:
@@ -45,4 +47,5 @@ class DeviceSettings:
 
         return cls(deepcopy(cfg.model), deepcopy(cfg.rollout), deepcopy(cfg.train),
                    TokenIds(int(tokenizer.vocab_size), int(tokenizer.eos_id),
-                            int(tokenizer.bos_id), int(tokenizer.pad_id)))
+                            int(tokenizer.bos_id), int(tokenizer.pad_id)),
+                   int(cfg.task.max_new_tokens))

@@ -125,7 +125,9 @@ class Orchestrator:
         self.resizer = Resizer(state, boundary, engines, self.executor, self.recovery, clock)
         controller = controller or make_controller(cfg)
         self.streaming = bool(controller.streams_training
-                              and cfg.controller.stream_training and cfg.train.exact_reduction)
+                              and cfg.controller.stream_training and cfg.train.exact_reduction
+                              and not (cfg.train.dynamic_sampling.enabled
+                                       and not cfg.train.max_tokens_per_micro_batch))
         """Training streams over completed groups (`dynaresize.core.stream`)."""
         self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
                               and cfg.controller.pipeline_rollouts and injector is None)

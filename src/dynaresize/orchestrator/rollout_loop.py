@@ -24,11 +24,12 @@ import asyncio
 from collections.abc import Callable
 
 from dynaresize.control.base import Controller
+from dynaresize.core.dynamic_sampling import step_prompts
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts
-from dynaresize.orchestrator.source import PromptSource
+from dynaresize.orchestrator.source import PromptLike, PromptSource
 from dynaresize.orchestrator.step_rollout import RolloutSettings, StepRollout
 from dynaresize.orchestrator.view import RunViews
 from dynaresize.protocols import Device, RolloutOps
@@ -58,6 +59,8 @@ class RolloutLoop:
         self.num_migrated = 0
         """Requests moved to another engine by tail packing and spreading
         (`RunSettings.pack_batch`, `RunSettings.spread`)."""
+        self.filter_rates: dict[int, float] = {}
+        """Dynamic sampling: step -> its filter rate (plans later steps' rounds)."""
 
     async def run(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
@@ -65,8 +68,7 @@ class RolloutLoop:
         ending: asyncio.Task[None] | None = None
         for step in range(state.start_step, settings.steps):
             state.enter_step(step)
-            prompts = self.source.batch(step, settings.prompts_per_step, settings.seed)
-            rollout = StepRollout(step, settings, list(prompts), self.source, self.clock,
+            rollout = StepRollout(step, settings, self._prompts(step), self.source, self.clock,
                                   self.board.changed, self._watch)
             version = rollout.version
             handle = await state.versions.wait(version)  # the controller sees that step's timing
@@ -107,6 +109,15 @@ class RolloutLoop:
         if ending is not None:
             await ending
         self.background.finish()
+
+    def _prompts(self, step: int) -> list[PromptLike]:
+        """Step `step`'s prompts: its seeded batch or, with dynamic sampling, the first
+        rounds of its seeded pool (as many as an ended step's filter rate asks)."""
+        settings, dynamic = self.settings, self.settings.dynamic
+        if dynamic is None:
+            return list(self.source.batch(step, settings.prompts_per_step, settings.seed))
+        pool = list(self.source.batch(step, dynamic.pool_size, settings.seed))
+        return step_prompts(dynamic, pool, step, settings.staleness, self.filter_rates)
 
     def _start(self, rollout: StepRollout, ready: list[Device]) -> RolloutRun:
         """Start `rollout`'s RolloutRun on `ready` engines (others join later)."""
@@ -184,6 +195,8 @@ class RolloutLoop:
         for device, (a, b) in run.busy_s.items():
             self.rundir.event(a, b, device, "rollout", critical=True, step=rollout.step)
         got = rollout.assemble()
+        if rollout.filter_rate is not None:
+            self.filter_rates[rollout.step] = rollout.filter_rate
         self.num_migrated += run.num_migrated
         self.rundir.samples(got.records)
         self.board.post_samples(rollout.step, got)

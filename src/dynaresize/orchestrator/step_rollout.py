@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynaresize.config import Config
+from dynaresize.core.advantages import AdvantageSpec, advantage_spec
+from dynaresize.core.dynamic_sampling import DynamicSampling, assemble_dynamic
 from dynaresize.core.samples import StepSamples, assemble_step
 from dynaresize.core.stream import StepStream
 from dynaresize.core.types import Completion, RequestSpec, request_seed
@@ -53,11 +55,20 @@ class RolloutSettings:
     pipelined: bool = False
     """Step k + 1's rollout starts on the engines step k's tail has emptied
     (`orchestrator.rollout_loop`)."""
+    adv_spec: AdvantageSpec | None = None
+    """How rewards become advantages (`train.loss`; None: GRPO's)."""
+    dynamic: DynamicSampling | None = None
+    """`[train.dynamic_sampling]` when enabled: the step's prompts are the first rounds of
+    a seeded pool and only the kept groups train (`core.dynamic_sampling`)."""
 
     @classmethod
     def from_config(cls, cfg: Config, streaming: bool = False,
                     pipelined: bool = False) -> RolloutSettings:
-        return cls(streaming=streaming, pipelined=pipelined,
+        ds = cfg.train.dynamic_sampling
+        dynamic = DynamicSampling(cfg.task.prompts_per_step, ds.max_rounds, ds.margin) \
+            if ds.enabled else None
+        return cls(streaming=streaming, pipelined=pipelined, dynamic=dynamic,
+                   adv_spec=advantage_spec(cfg.train.loss, cfg.task.max_new_tokens),
                    steps=cfg.run.steps, staleness=cfg.run.staleness, seed=cfg.run.seed,
                    prompts_per_step=cfg.task.prompts_per_step,
                    samples_per_prompt=cfg.task.samples_per_prompt,
@@ -98,11 +109,15 @@ class StepRollout:
         if settings.streaming:
             self.stream = StepStream(step, self.version, list(self.prompts),
                                      settings.samples_per_prompt, settings.micro_batch_size,
-                                     settings.max_tokens_per_micro_batch)
+                                     settings.max_tokens_per_micro_batch, settings.adv_spec,
+                                     settings.prompts_per_step if settings.dynamic else 0)
         self.fired: list[asyncio.Future[Any]] = []
         """Resizes the step's moves started (the rollout end waits for them)."""
         self.run: RolloutRun | None = None
         self.started_s = 0.0
+        self.filter_rate: float | None = None
+        """Dynamic sampling: the share of the step's groups without a reward signal (known
+        once `assemble` ran)."""
 
     def requests(self, prompts: Sequence[PromptLike]) -> list[RequestSpec]:
         """The request specs of `prompts`: `samples_per_prompt` each, seeded by
@@ -144,7 +159,9 @@ class StepRollout:
             key = (c.spec.prompt, c.spec.sample)
             reward = self.rewards[key] = self.source.reward(self.prompts[c.spec.prompt],
                                                             list(c.tokens))
-            if stream is not None and stream.add(c, reward, self.clock.now()):
+            # (dynamic sampling: the last group may release nothing, yet completes it)
+            if stream is not None and (stream.add(c, reward, self.clock.now())
+                                       or stream.complete):
                 self.changed.set()
         self.watch(self)
 
@@ -162,10 +179,16 @@ class StepRollout:
         run = self.run
         assert run is not None
         end_s = self.clock.now()
-        stream = self.stream
-        got = assemble_step(self.step, self.version, self.expected(), run.completions,
-                            self.rewards, end_s - self.started_s, self.settings.record_tokens,
-                            stream.samples if stream is not None else None)
+        stream, s = self.stream, self.settings
+        if s.dynamic is not None:  # the kept groups train; every group is recorded
+            got, self.filter_rate = assemble_dynamic(
+                self.step, self.version, list(self.prompts), run.completions, self.rewards,
+                s.samples_per_prompt, s.prompts_per_step, end_s - self.started_s,
+                s.record_tokens, s.adv_spec)
+        else:
+            got = assemble_step(self.step, self.version, self.expected(), run.completions,
+                                self.rewards, end_s - self.started_s, s.record_tokens,
+                                stream.samples if stream is not None else None, s.adv_spec)
         return dataclasses.replace(
             got, rollout_device_s=sum(b - a for a, b in run.busy_s.values()),
             rollout_tail_device_s=run.tail_device_s(),

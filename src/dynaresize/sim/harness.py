@@ -46,20 +46,29 @@ class SimPrompt:
     """The prompt's index within its step (the workload's `prompt`)."""
     tokens: tuple[int, ...]
     """Stand-in: `(num_prompt_tokens,)`; devices look up the true length."""
+    step: int = -1
 
 
 class SimPromptSource:
-    """The orchestrator's task in the twin: stand-in prompts; reward 1 unless truncated."""
+    """The orchestrator's task in the twin: stand-in prompts; reward 1 unless truncated.
+    Dynamic sampling (`FilteredWorkload`): a group with a signal rewards its responses
+    longer than its shortest 1, the others 0."""
 
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
 
     def batch(self, step: int, num_prompts: int, seed: int) -> list[SimPrompt]:
         lengths = self.workload.step_requests(step).prompt_tokens
-        return [SimPrompt(i, (int(lengths[i]),)) for i in range(num_prompts)]
+        return [SimPrompt(i, (int(lengths[i]),), step) for i in range(num_prompts)]
 
     def reward(self, prompt: Any, response_tokens: list[int]) -> float:
-        return 0.0 if response_tokens[0] >= self.workload.max_response_tokens else 1.0
+        if response_tokens[0] >= self.workload.max_response_tokens:
+            return 0.0
+        if getattr(self.workload, "max_rounds", 0) and \
+                self.workload.group_has_signal(prompt.step, prompt.id):  # type: ignore
+            group = self.workload.step_requests(prompt.step).response_tokens[prompt.id]
+            return 1.0 if response_tokens[0] > int(group.min()) else 0.0
+        return 1.0
 
 
 class StepSubset(Workload):
@@ -72,9 +81,13 @@ class StepSubset(Workload):
         self.samples_per_prompt = workload.samples_per_prompt
         self.max_response_tokens = workload.max_response_tokens
         self.num_steps = len(steps)
+        self.max_rounds = getattr(workload, "max_rounds", 0)
 
     def step_requests(self, step: int) -> StepRequests:
         return self._inner.step_requests(self._steps[step])
+
+    def group_has_signal(self, step: int, prompt: int) -> bool:
+        return self._inner.group_has_signal(self._steps[step], prompt)  # type: ignore
 
 
 TWIN_MAX_TOKENS_PER_MICRO_BATCH = 16384
@@ -112,6 +125,9 @@ def sim_config(workload: Workload, num_rollout: int, num_train: int, steps: int,
     cfg.allocation.num_rollout_devices, cfg.allocation.num_train_devices = num_rollout, num_train
     cfg.devices.backend = "sim"
     cfg.controller.policy = "static"  # the split as given; run_policy sets another
+    if getattr(workload, "max_rounds", 0):  # FilteredWorkload: dynamic sampling
+        cfg.train.dynamic_sampling.enabled = True
+        cfg.train.dynamic_sampling.max_rounds = workload.max_rounds  # type: ignore
     if faults:
         cfg.faults.kill = [replace(e) for e in faults.kill]
         cfg.run.checkpoint_every = faults.checkpoint_every

@@ -190,6 +190,47 @@ class TraceWorkload(Workload):
         return self._steps[step]
 
 
+class FilteredWorkload(Workload):
+    """DAPO dynamic sampling in the twin (`train.dynamic_sampling`): `inner` holds each
+    step's prompt POOL (batch_prompts x max_rounds prompts, `core.dynamic_sampling`); the
+    step trains `batch_prompts` groups. A group has a reward signal (rewards not all equal)
+    with probability 1 - the step's filter rate, drawn per (seed, step, prompt); the rate is
+    one number or one per step (e.g. `drawn_filter_rates`, or read from a run's records)."""
+
+    def __init__(self, inner: Workload, batch_prompts: int, max_rounds: int,
+                 filter_rates: float | tuple[float, ...], seed: int = 0) -> None:
+        if inner.prompts_per_step != batch_prompts * max_rounds:
+            raise ValueError(f"the pool workload has {inner.prompts_per_step} prompts per "
+                             f"step, expected {batch_prompts} x {max_rounds}")
+        rates = filter_rates if isinstance(filter_rates, tuple) else (float(filter_rates),)
+        if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+            raise ValueError(f"filter rates must be in [0, 1], got {filter_rates!r}")
+        self._inner, self._rates, self._seed = inner, rates, seed
+        self.name = inner.name
+        self.prompts_per_step = batch_prompts
+        self.samples_per_prompt = inner.samples_per_prompt
+        self.max_response_tokens = inner.max_response_tokens
+        self.num_steps = inner.num_steps
+        self.max_rounds = max_rounds
+
+    def step_requests(self, step: int) -> StepRequests:
+        return self._inner.step_requests(step)
+
+    def filter_rate(self, step: int) -> float:
+        return self._rates[step % len(self._rates)]
+
+    def group_has_signal(self, step: int, prompt: int) -> bool:
+        draw = np.random.default_rng([self._seed, step, prompt, 0xF117]).random()
+        return bool(draw >= self.filter_rate(step))
+
+
+def drawn_filter_rates(low: float, high: float, steps: int, seed: int = 0
+                       ) -> tuple[float, ...]:
+    """Per-step filter rates drawn uniformly in [low, high] (seeded)."""
+    rng = np.random.default_rng([seed, 0xF1]).uniform(low, high, size=steps)
+    return tuple(float(r) for r in rng)
+
+
 MAX_TRACE_VALUE = 2**31
 """Trace integers must be below this (token counts and indices fit int32)."""
 

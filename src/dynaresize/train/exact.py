@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor
 
 from dynaresize.resize.reshard import shard_rows
 from dynaresize.train.batching import MicroBatch
-from dynaresize.train.forward import LossSpec, micro_batch_loss
+from dynaresize.train.forward import NUM_STATS, LossSpec, micro_batch_loss
 
 
 @dataclass
@@ -59,7 +59,7 @@ class HeldGradients:
     grads: dict[int, torch.Tensor] = field(default_factory=dict)
     """Global micro-batch index -> flat fp32 gradient of its loss sum [P]."""
     stats: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Global micro-batch index -> float64 [4] (`forward.STAT_KEYS`)."""
+    """Global micro-batch index -> float64 [NUM_STATS] (`forward.STAT_KEYS`)."""
     compute_s: float = 0.0
     """Seconds this rank spent computing them."""
 
@@ -172,7 +172,7 @@ class ExactReducer:
     # ------------------------------------------------------------------ collective
     def combine(self, step: int, num_micro_batches: int, optimizer_step: int,
                 num_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Collective: (sum of the held g_m [P] fp32, summed stats float64 [4]), both in index
+        """Collective: (sum of the held g_m [P] fp32, summed stats float64 [NUM_STATS]), in index
         order and identical on every rank; ValueError on every rank if a micro-batch is held
         by several ranks, holdings are of another step, or an index is held by no rank --
         unless `num_tokens` is given and the held micro-batches hold exactly that many
@@ -193,7 +193,7 @@ class ExactReducer:
         self._check(counts, step, m_count, gaps_ok)
         rows = [m for m in range(m_count) if counts[m]]
         row_of = {m: i for i, m in enumerate(rows)}
-        stats = torch.zeros(len(rows), 4, dtype=torch.float64, device=self.device)
+        stats = torch.zeros(len(rows), NUM_STATS, dtype=torch.float64, device=self.device)
         grads = torch.zeros(len(rows), self.num_params, dtype=torch.float32, device=self.device)
         for m in held.grads if held is not None else ():
             stats[row_of[m]], grads[row_of[m]] = held.stats[m], held.grads[m]
@@ -251,7 +251,8 @@ class ExactReducer:
 
 
 def scale_and_clip_(grad: torch.Tensor, global_num_tokens: int, max_norm: float) -> float:
-    """In place: grad / global_num_tokens, then clipped to `max_norm` (0: no clipping) like
+    """In place: grad / global_num_tokens (the loss's normaliser, `forward.loss_denominator`),
+    then clipped to `max_norm` (0: no clipping) like
     `torch.nn.utils.clip_grad_norm_` (coefficient max_norm / (norm + 1e-6) if below 1).
     Returns the norm before clipping (float64 accumulation: same bits on every rank)."""
     grad.div_(global_num_tokens)

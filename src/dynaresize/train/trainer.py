@@ -41,7 +41,13 @@ from dynaresize.config import TrainConfig
 from dynaresize.train.balance import IndexedMicroBatch
 from dynaresize.train.batching import MicroBatch
 from dynaresize.train.exact import ExactReducer, HeldGradients, scale_and_clip_
-from dynaresize.train.forward import LossSpec, micro_batch_loss, padding_micro_batch
+from dynaresize.train.forward import (
+    NUM_STATS,
+    loss_denominator,
+    loss_spec,
+    micro_batch_loss,
+    padding_micro_batch,
+)
 from dynaresize.train.state import OPTIM_KEYS, ShardedState, checksum_named_tensors
 
 __all__ = ["OPTIM_KEYS", "FSDPTrainer", "checksum_named_tensors"]
@@ -67,7 +73,7 @@ class FSDPTrainer(ShardedState):
     def __init__(self, model_factory: Callable[[], nn.Module], config: TrainConfig,
                  group: dist.ProcessGroup, generation: int, *,
                  device: torch.device | str = "cpu", temperature: float = 1.0,
-                 pad_token_id: int = 0) -> None:
+                 pad_token_id: int = 0, max_new_tokens: int = 0) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.config = config
@@ -77,7 +83,7 @@ class FSDPTrainer(ShardedState):
         if self.rank < 0:
             raise ValueError("this process is not a member of the training group")
         self.device = torch.device(device)
-        self.spec = LossSpec(config.clip_eps, config.kl_coef, temperature, pad_token_id)
+        self.spec = loss_spec(config, temperature, pad_token_id, max_new_tokens)
         self.mesh = DeviceMesh.from_group(group, self.device.type,
                                           mesh_dim_names=(f"dp{generation}",))
         model = model_factory().to(self.device)
@@ -126,9 +132,12 @@ class FSDPTrainer(ShardedState):
                    t0: float) -> dict[str, float]:
         cfg = self.config
         self.model.train()
-        scale = self.num_ranks / global_num_tokens
-        # pg_loss_sum, kl_sum, tokens, clipped tokens (this rank's real micro-batches).
-        stats = torch.zeros(4, dtype=torch.float64, device=self.device)
+        token_level = self.spec.aggregation == "token"
+        # Token level: / the global token count up front (as always); the other aggregations
+        # divide once the group's statistics give their normaliser (below).
+        scale = self.num_ranks / global_num_tokens if token_level else float(self.num_ranks)
+        # forward.STAT_KEYS (this rank's real micro-batches).
+        stats = torch.zeros(NUM_STATS, dtype=torch.float64, device=self.device)
         for micro_batch in micro_batches:
             weight = 0.0 if micro_batch is None else 1.0
             padded = padding_micro_batch() if micro_batch is None else micro_batch
@@ -143,6 +152,11 @@ class FSDPTrainer(ShardedState):
         except ValueError:
             self.optimizer.zero_grad(set_to_none=True)
             raise
+        if not token_level:
+            denominator = loss_denominator(stats, self.spec)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(denominator)
         grad_norm = self._clip_grad_norm(cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -150,11 +164,17 @@ class FSDPTrainer(ShardedState):
 
     def _metrics(self, stats: torch.Tensor, grad_norm: float, train_s: float
                  ) -> dict[str, float]:
-        pg_total, kl_total, tokens, clipped_total = stats.tolist()
-        loss = (pg_total + self.config.kl_coef * kl_total) / tokens
-        return {"loss": loss, "pg_loss": pg_total / tokens, "kl": kl_total / tokens,
-                "tokens": tokens, "clip_fraction": clipped_total / tokens,
-                "grad_norm": grad_norm, "train_s": train_s}
+        pg_total, kl_total, tokens, clipped_total, _, _, entropy_total = stats.tolist()
+        denominator = loss_denominator(stats, self.spec)
+        loss = (pg_total + self.config.kl_coef * kl_total) / denominator
+        metrics = {"loss": loss, "pg_loss": pg_total / denominator,
+                   "kl": kl_total / denominator, "tokens": tokens,
+                   "clip_fraction": clipped_total / tokens, "grad_norm": grad_norm,
+                   "train_s": train_s}
+        if self.spec.entropy_coef > 0:
+            metrics["entropy"] = entropy_total / denominator
+            metrics["loss"] = loss - self.spec.entropy_coef * metrics["entropy"]
+        return metrics
 
     @staticmethod
     def _check_tokens(stats: torch.Tensor, global_num_tokens: int) -> None:
@@ -235,7 +255,8 @@ class FSDPTrainer(ShardedState):
         grad, stats = exact.combine(step, num_micro_batches, self.optimizer_step_count(),
                                     global_num_tokens)
         self._check_tokens(stats, global_num_tokens)
-        grad_norm = scale_and_clip_(grad, global_num_tokens, self.config.max_grad_norm)
+        grad_norm = scale_and_clip_(grad, loss_denominator(stats, self.spec),
+                                    self.config.max_grad_norm)
         exact.write_grads(grad)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,105 @@
+"""Dynamic sampling (DAPO) in the digital twin: hysteresis against the best static split, with
+and without filtering, side by side; writes docs/results.md between `<!-- twin-dynamic:start
+-->` and `<!-- twin-dynamic:end -->`.
+
+    python bench/dynamic_sampling.py            # the table, and rewrite that section
+    python bench/dynamic_sampling.py --quick    # fewer steps (a smoke run)
+
+Per case (workload, GPUs, B prompts x 16 samples), three runs of `static` (best split,
+searched) and `hysteresis` (from that split), same seed:
+- `plain`: GRPO, B prompts a step, no dynamic sampling;
+- `ds f=0`: dynamic sampling on (pool of 3 rounds) but every group has a reward signal;
+- `ds f=0.3-0.6`: a filter rate drawn per step in [0.3, 0.6] (`FilteredWorkload`): the step
+  draws 2 or 3 rounds of B prompts (from an ended step's rate) and trains B groups.
+Throughput is trained samples per second (B x 16 a step in every run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from dynaresize.core.dynamic_sampling import DynamicSampling
+from dynaresize.sim.run import simulate
+from dynaresize.sim.workloads import FilteredWorkload, drawn_filter_rates, get_workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policies import write_block  # noqa: E402  (bench/ is not a package)
+
+START, END = "<!-- twin-dynamic:start -->", "<!-- twin-dynamic:end -->"
+CASES = [("dapo-7b", 32, 64), ("dapo-7b", 64, 128), ("agentic", 32, 64)]
+"""(workload, GPUs, B prompts a step)."""
+SAMPLES, MAX_ROUNDS, LOW, HIGH = 16, 3, 0.3, 0.6
+
+
+def workloads(name: str, batch: int, steps: int) -> dict[str, object]:
+    pool = get_workload(name, seed=0, prompts_per_step=batch * MAX_ROUNDS,
+                        samples_per_prompt=SAMPLES)
+    return {"plain": get_workload(name, seed=0, prompts_per_step=batch,
+                                  samples_per_prompt=SAMPLES),
+            "ds f=0": FilteredWorkload(pool, batch, MAX_ROUNDS, 0.0),
+            f"ds f={LOW}-{HIGH}": FilteredWorkload(pool, batch, MAX_ROUNDS,
+                                                   drawn_filter_rates(LOW, HIGH, steps))}
+
+
+def mean_rounds(wl: object, batch: int, steps: int, staleness: int) -> float:
+    """Rounds a step draws on average (the planner's rule on the workload's rates)."""
+    if not isinstance(wl, FilteredWorkload):
+        return 1.0
+    plan = DynamicSampling(batch, MAX_ROUNDS)
+    rounds = [plan.rounds_for(wl.filter_rate(k - 1 - staleness) if k - 1 - staleness >= 0
+                              else None) for k in range(steps)]
+    return sum(rounds) / steps
+
+
+def run_case(name: str, gpus: int, batch: int, steps: int, staleness: int) -> list[str]:
+    rows = []
+    for label, wl in workloads(name, batch, steps).items():
+        res = simulate(wl, gpus, ("static", "hysteresis"), steps=steps, staleness=staleness,
+                       seed=0)
+        by = {r["policy"]: r for r in res["results"]}
+        static, hyst = by["static"], by["hysteresis"]
+        ratio = hyst["samples_per_s"] / static["samples_per_s"]
+        split = static["split"]
+        rows.append(f"| {name} | {gpus} | {batch}x{SAMPLES} | {label} | "
+                    f"{mean_rounds(wl, batch, steps, staleness):.2f} | "
+                    f"{split['rollout']}R/{split['train']}T | {static['samples_per_s']:.2f} | "
+                    f"{hyst['samples_per_s']:.2f} | {hyst.get('num_resizes', 0)} | "
+                    f"**{ratio:.3f}x** |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--staleness", type=int, default=1)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--cases", help="comma-separated indices into CASES (default: all)")
+    args = parser.parse_args(argv)
+    steps = 6 if args.quick else args.steps
+    cases = range(len(CASES)) if args.cases is None else [int(i) for i in args.cases.split(",")]
+    t0 = time.time()
+    lines = ["| workload | GPUs | batch | sampling | rounds/step | best static | static "
+             "samples/s | hysteresis samples/s | resizes | hysteresis / static |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for i in cases:
+        lines += run_case(*CASES[i], steps, args.staleness)
+    lines.append("")
+    lines.append(f"`python bench/dynamic_sampling.py` ({steps} steps, staleness "
+                 f"{args.staleness}, seed 0, cost model h100-7b; {time.time() - t0:.0f} s "
+                 "of twin time on a shared 2-core machine). Filter rate per step drawn "
+                 f"uniformly in [{LOW}, {HIGH}]; pool of {MAX_ROUNDS} rounds; every run "
+                 "trains B groups a step.")
+    table = "\n".join(lines)
+    print(table)
+    if not args.no_write and not args.quick:
+        write_block(START, END, table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The RL-recipe sections of the config (`[train.loss]`, `[train.dynamic_sampling]`;
+docs/recipes.md), nested in `schema.TrainConfig`. No torch/Ray."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+AGGREGATIONS = ("token", "sequence", "group", "constant")
+ADVANTAGES = ("grpo", "dr-grpo")
+RATIOS = ("token", "sequence")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def _doc(text: str, **kwargs: Any) -> Any:
+    return field(metadata={"doc": text}, **kwargs)
+
+
+@dataclass
+class LossConfig:
+    """`[train.loss]`: the policy loss and advantage options of the RL recipes (GRPO, DAPO,
+    Dr. GRPO, GSPO; docs/recipes.md). The defaults are the original loss."""
+
+    clip_low: float = _doc("Lower PPO clip range: the ratio is clipped at 1 - clip_low "
+                           "(0: train.clip_eps).", default=0.0)
+    clip_high: float = _doc("Upper PPO clip range: the ratio is clipped at 1 + clip_high "
+                            "(0: train.clip_eps; DAPO's clip-higher: 0.28).", default=0.0)
+    aggregation: str = _doc("How token losses sum into the step's loss: 'token' (sum / all "
+                            "response tokens of the step: DAPO), 'sequence' (mean over "
+                            "sequences of each one's token mean: GRPO), 'group' (mean over "
+                            "groups of each group's token mean) or 'constant' (sum / "
+                            "(sequences x task.max_new_tokens): Dr. GRPO).", default="token")
+    advantage: str = _doc("Advantage: 'grpo' ((r - group mean) / (group std + 1e-6)) or "
+                          "'dr-grpo' (r - group mean, no std).", default="grpo")
+    ratio: str = _doc("Importance ratio: 'token' (PPO/GRPO, per token) or 'sequence' (GSPO: "
+                      "exp of the sequence's mean token log-ratio, one per sequence).",
+                      default="token")
+    kl_estimator: str = _doc("KL-to-reference estimator when train.kl_coef > 0: 'k1' (logp - "
+                             "ref), 'k2' ((logp - ref)^2 / 2) or 'k3' (exp(ref - logp) - "
+                             "(ref - logp) - 1).", default="k3")
+    entropy_coef: float = _doc("Entropy bonus: the loss subtracts this x the policy's token "
+                               "entropy (aggregated like the loss); 0: off.", default=0.0)
+    overlong_window: int = _doc("DAPO overlong shaping: responses longer than "
+                                "task.max_new_tokens - this many tokens get a penalty growing "
+                                "linearly to overlong_penalty at task.max_new_tokens, added "
+                                "to the reward for the advantage only (records keep the task "
+                                "reward); 0: off.", default=0)
+    overlong_penalty: float = _doc("DAPO overlong shaping: the penalty at the cap.", default=1.0)
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """`[train.dynamic_sampling]`: DAPO's dynamic sampling (docs/recipes.md)."""
+
+    enabled: bool = _doc("Train each step on task.prompts_per_step groups whose rewards are "
+                         "not all equal, out of up to max_rounds rounds of that many prompts "
+                         "drawn at once; the other groups are recorded as dropped (kept = "
+                         "false). Which groups: the first ones with a signal in the seeded "
+                         "order (never timing). Streaming training needs "
+                         "train.max_tokens_per_micro_batch > 0 with it (a group trains once it "
+                         "is known to be kept).", default=False)
+    max_rounds: int = _doc("Cap: at most this many rounds of task.prompts_per_step prompts "
+                           "per step.", default=3)
+    margin: float = _doc("Rounds drawn: enough for (1 + margin) x the batch at the filter "
+                         "rate of the newest step that ended before this one started (0: "
+                         "exactly the batch, expected; a shortfall fills with groups without "
+                         "a signal).", default=0.0)
