@@ -29,6 +29,7 @@ orchestrator and refuse them. Their rows gain `num_faults`, `recovery_s`, `repla
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from dynaresize.sim.oracle import (
     tail_s,
     trained_tokens,
 )
+from dynaresize.sim.speculation import Speculation, resolve_speculation
 from dynaresize.sim.workloads import Workload, resolve_workload
 
 BUILTIN_POLICIES = ("static", "colocated", "reference", "oracle")
@@ -166,7 +168,8 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
              cost_model: str | CostModel = "h100-7b", requests_per_step: int | None = None,
              out_dir: str | Path | None = None, split: int | None = None,
              timings: dict[str, tuple[float, float]] | None = None,
-             faults: TwinFaults | None = None) -> dict[str, Any]:
+             faults: TwinFaults | None = None,
+             speculation: str | Speculation | None = None) -> dict[str, Any]:
     """Compare `policies` (default: `default_policies()`) on one workload; returns the JSON
     object of `dynaresize simulate --json`. `split` fixes the rollout-device count of
     `static` (and the start of controller policies) instead of searching it. `timings`, if
@@ -193,6 +196,10 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
     wl = workload if isinstance(workload, Workload) else resolve_workload(
         workload, seed=seed, requests_per_step=requests_per_step)
     costs = cost_model if isinstance(cost_model, CostModel) else get_cost_model(cost_model)
+    spec = speculation if isinstance(speculation, Speculation) or speculation is None \
+        else resolve_speculation(speculation)
+    if spec is not None:
+        costs = replace(costs, speculation=spec)
     if wl.num_steps is not None and steps > wl.num_steps:
         raise ValueError(f"steps = {steps}: the trace {wl.name} has only {wl.num_steps}")
     if faults:  # the entries against this run's devices and steps, before anything runs
@@ -249,6 +256,9 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
         timings.pop("-", None)
     out = {"workload": wl.name, "gpus": gpus, "steps": steps, "staleness": staleness,
            "cost_model": f"{costs.gpu.name}/{costs.model.name}", "results": results}
+    if spec is not None:
+        out["speculation"] = {"name": spec.name,
+                              "mean_accepted": round(spec.mean_accepted, 3)}
     out.update(hysteresis_summary(results))
     return out
 
