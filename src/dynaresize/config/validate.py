@@ -75,11 +75,18 @@ def machine_device_limit(device_type: str) -> int:
     return max(1, min(64, total // CPU_DEVICE_BYTES))
 
 
+MAX_STALENESS = 8
+"""Deepest fixed staleness: the rollout loop runs up to s steps ahead of training, buffering up
+to s steps of samples and keeping s + 1 weight versions."""
+
+
 def validate(cfg: Config, *, check_machine: bool = True) -> None:
     r, t, m, a = cfg.run, cfg.task, cfg.train, cfg.allocation
     _positive("run.steps", r.steps)
-    if r.staleness not in (0, 1):
-        raise ConfigError("run.staleness", r.staleness, "allowed: 0 (on-policy), 1 (one-step-off)")
+    if isinstance(r.staleness, bool) or not isinstance(r.staleness, int) \
+            or not 0 <= r.staleness <= MAX_STALENESS:
+        raise ConfigError("run.staleness", r.staleness, f"allowed: 0 (on-policy) .. "
+                          f"{MAX_STALENESS} (every sample of step k from version k - s)")
     _non_negative("run.checkpoint_every", r.checkpoint_every)
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
         _positive(f"model.{name}", getattr(cfg.model, name))

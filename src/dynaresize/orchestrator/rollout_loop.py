@@ -36,7 +36,7 @@ from dynaresize.orchestrator.faults import FaultInjector
 from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.resizer import Resizer
 from dynaresize.orchestrator.source import PromptSource
-from dynaresize.orchestrator.state import RunState
+from dynaresize.orchestrator.state import RunState, sample_version
 from dynaresize.orchestrator.switch import RoleSwitch
 from dynaresize.orchestrator.view import RunViews
 from dynaresize.protocols import Clock, Device
@@ -77,7 +77,7 @@ class RolloutLoop:
         for step in range(state.start_step, cfg.run.steps):
             state.step = step
             fired: list[asyncio.Future[Any]] = []
-            version = max(0, step - cfg.run.staleness)
+            version = sample_version(step, cfg.run.staleness)
             handle = await state.versions.wait(version)  # the controller sees that step's timing
             # what a device a step-start resize brings to the rollout loads (`current_weights`;
             # the previous step's version may be gone from the store by now)

@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dynaresize.config.validate import MAX_STALENESS
 from dynaresize.control.registry import POLICIES
 from dynaresize.sim import split_search
 from dynaresize.sim.colocated import run_colocated
@@ -191,8 +192,8 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
         raise ValueError(f"steps = {steps}: must be >= 1")
     if split is not None and not 1 <= split < gpus:
         raise ValueError(f"split = {split}: must be in 1..{gpus - 1} rollout devices")
-    if staleness not in (0, 1):
-        raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy), 1 (one-step-off)")
+    if not 0 <= staleness <= MAX_STALENESS:
+        raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy) .. {MAX_STALENESS}")
     wl = workload if isinstance(workload, Workload) else resolve_workload(
         workload, seed=seed, requests_per_step=requests_per_step)
     costs = cost_model if isinstance(cost_model, CostModel) else get_cost_model(cost_model)
