@@ -40,7 +40,8 @@ def format_table(out: dict[str, Any]) -> str:
         cells = []
         for key, _, fmt in TABLE_COLUMNS:
             value = r.get(key)
-            cells.append(_split_text(value) if key == "split" else fmt.format(value))
+            cells.append(_split_text(value) if key == "split" else
+                         "-" if value is None else fmt.format(value))
         rows.append(cells)
     head = [title for _, title, _ in TABLE_COLUMNS]
     widths = [max(len(h), *(len(c[i]) for c in rows)) for i, h in enumerate(head)]

@@ -13,6 +13,9 @@ Policies (`simulate(policies=...)`):
   (`dynaresize.control.fixed`: one split, streaming training, pipelined rollouts at staleness
   >= 1) at its best split, searched like `static`'s.
 - `colocated`: `colocated.py` (all devices roll out, then all train, with the switch cost).
+- `fully-async`: `fully_async.py`, verl's / AReaL's fully-async mode at the run's staleness
+  bound (partial rollouts across weight updates, groups trained in completion order): it
+  **changes the semantics**, the competitor to report against; its split searched on a grid.
 - any other policy of the registry (`dynaresize.control.registry`: `borrow`, `fixed`, `hysteresis`):
   the orchestrator with that controller, starting from the best static split (searched once,
   shared with `static`).
@@ -38,6 +41,7 @@ from dynaresize.control.registry import POLICIES
 from dynaresize.sim import split_search
 from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
+from dynaresize.sim.fully_async import run_fully_async, search_fully_async
 from dynaresize.sim.harness import (
     StepSubset,
     TwinFaults,
@@ -55,9 +59,12 @@ from dynaresize.sim.oracle import (
 from dynaresize.sim.speculation import Speculation, resolve_speculation
 from dynaresize.sim.workloads import Workload, resolve_workload
 
-BUILTIN_POLICIES = ("static", "colocated", "reference", "oracle")
-NOT_ORCHESTRATOR = ("colocated", "oracle")
+BUILTIN_POLICIES = ("static", "colocated", "reference", "fully-async", "oracle")
+NOT_ORCHESTRATOR = ("colocated", "fully-async", "oracle")
 """Policies that do not run the orchestrator (no device deaths, no checkpoints)."""
+
+FULLY_ASYNC_PROBE_STEPS = 8
+"""Steps of each split `fully-async`'s search simulates (from the run's start)."""
 
 
 def load_policies() -> tuple[str, ...]:
@@ -227,6 +234,14 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
             run = run_colocated(cfg, wl, costs, _sub(out_dir, policy))
             row = results_row("colocated", run, {"rollout": gpus, "train": gpus})
             row["staleness"] = 0
+            results.append(row)
+            lap(policy)
+            continue
+        if policy == "fully-async":  # changes the semantics: a competitor's row
+            fa = (split, 0) if split is not None else search_fully_async(
+                wl, gpus, min(steps, FULLY_ASYNC_PROBE_STEPS), staleness, seed, costs)
+            row = run_fully_async(wl, gpus, fa[0], steps, staleness, seed, costs)
+            row["num_splits_tried"] = fa[1]
             results.append(row)
             lap(policy)
             continue
