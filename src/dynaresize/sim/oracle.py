@@ -161,6 +161,7 @@ def oracle_result(steps: list[OracleStep]) -> dict[str, object]:
         "bubble_fraction": 0.0,
         "idle_device_s_per_step": 0.0,
         "num_resizes": 0,
+        "work_samples_per_s": sum(s.num_samples for s in steps) / sum(s.work_s for s in steps),
         "tail_bound_steps": num_tail,
         "work_bound_steps": len(steps) - num_tail,
         "binds": "tail-bound" if num_tail * 2 > len(steps) else "work-bound",
