@@ -138,7 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", help="comma-separated indices into CASES (default: all)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--out", help="also write the records to this JSON file")
+    parser.add_argument("--render", nargs=2, metavar=("JSON", "WALL_S"), help="simulate "
+                        "nothing: the section from an --out file (and its run's wall seconds)")
     args = parser.parse_args(argv)
+    if args.render:
+        records = json.loads(Path(args.render[0]).read_text())
+        text = render(records, args.steps, float(args.render[1]))
+        print(text)
+        if not args.no_write:
+            write_block(START, END, text)
+        return 0
     cases = range(len(CASES)) if args.cases is None else [int(i) for i in args.cases.split(",")]
     t0 = time.time()
     records = []
