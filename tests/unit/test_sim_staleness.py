@@ -79,3 +79,17 @@ def test_simulate_staleness_2_every_policy() -> None:
     assert all(r["samples_per_s"] > 0 for r in out["results"])
     oracle = next(r for r in out["results"] if r["policy"] == "oracle")
     assert all(r["samples_per_s"] <= oracle["samples_per_s"] for r in out["results"])
+
+
+def test_staleness_2_checkpoint_and_a_trainer_death_keep_the_records(tmp_path: Path) -> None:
+    costs = get_cost_model("h100-7b")
+    views = []
+    for name, extra in (("plain", []), ("killed", [
+            "run.checkpoint_every=1", "faults.kill=[{device=3, step=3, at='train'}]"])):
+        cfg = load_config(None, [*BASE, "run.staleness=2", *extra], check_machine=False)
+        run = run_config(cfg, workload_for_config(cfg, "dapo-7b"), costs,
+                         out_dir=tmp_path / name)
+        views.append(records(tmp_path / name))
+        if name == "killed":
+            assert run.summary["num_faults"] == 1 and run.summary["faults"][0]["restored"]
+    assert views[0] == views[1]
