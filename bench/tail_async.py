@@ -136,14 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--cases", help="comma-separated indices into CASES (default: all)")
+    parser.add_argument("--only", metavar="SPEC:S", help="one (speculation, staleness), e.g. "
+                        "das:2 (with --out, for --render of several files)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--out", help="also write the records to this JSON file")
-    parser.add_argument("--render", nargs=2, metavar=("JSON", "WALL_S"), help="simulate "
-                        "nothing: the section from an --out file (and its run's wall seconds)")
+    parser.add_argument("--render", nargs="+", metavar="JSON|WALL_S", help="simulate "
+                        "nothing: the section from --out files (the last value: the runs' "
+                        "wall seconds)")
     args = parser.parse_args(argv)
     if args.render:
-        records = json.loads(Path(args.render[0]).read_text())
-        text = render(records, args.steps, float(args.render[1]))
+        records = [r for path in args.render[:-1] for r in json.loads(Path(path).read_text())]
+        records.sort(key=lambda r: (r["case"], r["speculation"] != "off", r["staleness"]))
+        text = render(records, args.steps, float(args.render[-1]))
         print(text)
         if not args.no_write:
             write_block(START, END, text)
@@ -154,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         for speculation in speculations():
             for staleness in STALENESS:
+                if args.only and args.only != f"{Path(speculation).stem}:{staleness}":
+                    continue
                 records.append(run_case(case, speculation, staleness, args.steps))
                 print(table_line(records[-1]), flush=True)
                 if args.out:

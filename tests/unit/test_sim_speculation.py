@@ -122,3 +122,19 @@ def test_cli_switch_and_bad_value(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert main([*small, "--speculation", "nope"]) == 2
     err = capsys.readouterr().err
     assert "speculation = 'nope'" in err and "Traceback" not in err
+
+
+def test_kv_bound_engine_preempts_and_finishes() -> None:
+    """h100-32b holds ~24k KV tokens: requests are preempted and readmitted; with speculation
+    a request's context grows by its tokens per iteration, and admission must leave room for
+    that (it once readmitted a request the next span preempted again, forever)."""
+    wl = get_workload("dapo-7b", seed=1, prompts_per_step=16, samples_per_prompt=4,
+                      max_response_tokens=8192)
+    for spec in (None, DAS):
+        costs = replace(get_cost_model("h100-32b"), speculation=spec)
+        engine = make_engine(0, costs, Lengths(wl))
+        engine.submit([RequestSpec(step=0, prompt=p, sample=j, version=0, prompt_tokens=(1,),
+                                   max_new_tokens=8192, seed=0, temperature=1.0)
+                       for p in range(16) for j in range(4)])
+        done, elapsed_s = engine.run(1e9, True, 0)
+        assert len(done) == 64 and elapsed_s > 0

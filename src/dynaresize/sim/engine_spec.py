@@ -81,11 +81,15 @@ class SpecEngine(SimEngine):
         while waiting and len(running) < limit:
             req: Any = waiting[0]
             ctx = req.prompt_tokens + req.generated
-            if ctx + 1 > capacity - self._kv_tokens - len(running) - 1 and running:
+            rate = self._rate(req, self._level)
+            # room for the prefill and one verify iteration of every running request at the
+            # current budget (tokens per iteration, not 1), else the next span preempts it
+            # straight away and it is readmitted: a livelock without virtual time passing
+            if ctx + rate > capacity - self._kv_tokens - self._rate_sum - 1 and running:
                 break
             waiting.popleft()
             req.start_iter, req.live = self._iter, True
-            req.rate = self._rate(req, self._level)
+            req.rate = rate
             self._rate_sum += req.rate
             running[req] = None
             self._kv_tokens += ctx
