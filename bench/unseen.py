@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         binds = row["oracle"]["binds"]
         got[family].append((ratio, resizes, binds))
         print(f"{tag}: {binds}, hysteresis / static {ratio:.3f}, {resizes} resizes", flush=True)
+    default = (args.staleness, args.speculation) == ("0,1", "off")
     lines = ["| family | runs (tail-bound) | hyst / static, min | median | min, tail-bound runs "
              "| most resizes in a run |", "|---|---|---|---|---|---|"]
     for family in FAMILIES:
@@ -122,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
               f"for every policy; H100/H200 x 7B/32B; "
               f"{skipped} skipped: a request longer than one device's KV cache); measured "
               f"{time.strftime('%Y-%m-%d')} on {platform.machine()}, "
-              f"{time.time() - t0:.0f} s wall. Reproduce: `python bench/unseen.py`.")
+              f"{time.time() - t0:.0f} s wall. Reproduce: `python bench/unseen.py"
+              + ("" if default else f" --staleness {args.staleness} --speculation "
+                 f"{args.speculation} --runs {args.runs} --steps {args.steps}") + "`.")
     ratios = [r for runs in got.values() for r, _, _ in runs]
-    table = "\n".join([header, "", *lines, "", f"Issue 19's acceptance: {unseen_line(ratios)}"])
+    issue = "Issue 19's" if default else "Issue 25's (acceptance 4, the same settings for both)"
+    table = "\n".join([header, "", *lines, "", f"{issue} acceptance: {unseen_line(ratios)}"])
     print(table)
-    default = (args.staleness, args.speculation) == ("0,1", "off")
     if not args.no_write and (args.runs == parser.get_default("runs") or not default):
         tag = "" if default else f"-s{args.staleness.replace(',', '')}-" \
             f"{Path(args.speculation).stem}"
