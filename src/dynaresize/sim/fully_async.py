@@ -130,10 +130,16 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
                 del group_left[key]
         trainer.maybe_start(t_s)
         heapq.heappush(clock, (t_s, e))
+    return _row(workload, gpus, num_rollout, steps, staleness, trainer, mixed,
+                getattr(engines[0], "table", None))
+
+
+def _row(workload: Workload, gpus: int, num_rollout: int, steps: int, staleness: int,
+         trainer: _Trainer, mixed: list[int], stats: Any) -> dict[str, Any]:
+    """The results row of a finished run (module doc)."""
     total_s = trainer.publish_s[-1]
     step_s = np.diff([0.0, *trainer.publish_s])
     num_samples = steps * workload.prompts_per_step * workload.samples_per_prompt
-    stats = getattr(engines[0], "table", None)
     row: dict[str, Any] = {
         "policy": "fully-async", "split": {"rollout": num_rollout, "train": gpus - num_rollout},
         "mean_step_s": round(float(step_s.mean()), 4),
