@@ -103,3 +103,47 @@ def unseen_line(ratios: list[float]) -> str:
     return (f"unseen ({len(ratios)} runs): {below} below {UNSEEN_MIN_RATIO}x the best static "
             f"split (min {min(ratios):.3f}); target: none: "
             f"{'met' if not below else '**missed**'}")
+
+
+ISSUE25 = {"tail_shorter": 0.35, "hyst_s0_vs_today": 1.25, "hyst_vs_work_bound": 0.85,
+           "hyst_vs_fully_async": 0.95}
+"""Issue 25's twin targets (acceptance 3): with speculation, the tail span (last 10% of the
+requests) at least 35% shorter; hysteresis at staleness 0 at least 1.25x today's (no
+speculation); at staleness 2, hysteresis at least 0.85x the oracle's work bound and 0.95x
+`fully-async` at the same staleness."""
+
+
+def _thr(record: dict[str, Any], policy: str, key: str = "samples_per_s") -> float:
+    return float(_row(record, policy)[key])
+
+
+def issue25_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One line per (speculation, criterion) from bench/tail_async.py's records (each
+    `{"case", "speculation", "staleness", "out", "tail"}`), min over the cases."""
+    by = {(r["case"], r["speculation"], r["staleness"]): r for r in records}
+    lines = []
+    for spec in sorted({r["speculation"] for r in records} - {"off"}):
+        tail, s0 = [], []
+        for (case, name, staleness), rec in by.items():
+            base = by.get((case, "off", staleness))
+            if name != spec or staleness != 0 or base is None:
+                continue
+            label = f"{rec['workload']} {rec['gpus']} GPUs"
+            tail.append((1 - rec["tail"]["tail_s"] / base["tail"]["tail_s"], label))
+            s0.append((_thr(rec, "hysteresis") / _thr(base, "hysteresis"), label))
+        deep = [r for r in records if r["speculation"] == spec and r["staleness"] >= 2]
+        work = [(_thr(r, "hysteresis") / _thr(r, "oracle", "work_samples_per_s"),
+                 f"{r['workload']} {r['gpus']} GPUs") for r in deep]
+        fully = [(_thr(r, "hysteresis") / _thr(r, "fully-async"),
+                  f"{r['workload']} {r['gpus']} GPUs") for r in deep]
+        for values, what, target in (
+                (tail, "tail span shorter than without (s=0, hysteresis)", "tail_shorter"),
+                (s0, "hysteresis s=0 / today's (no speculation)", "hyst_s0_vs_today"),
+                (work, "s=2: hysteresis / the oracle's work bound", "hyst_vs_work_bound"),
+                (fully, "s=2: hysteresis / fully-async (same k)", "hyst_vs_fully_async")):
+            if values:
+                values.sort()
+                lines.append(f"speculation {spec}: {what}: min {values[0][0]:.3f} "
+                             f"({values[0][1]}), max {values[-1][0]:.3f}; target >= "
+                             f"{ISSUE25[target]}: {_verdict(values, ISSUE25[target], True)}")
+    return lines

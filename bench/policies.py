@@ -3,6 +3,8 @@ docs/results.md (between `<!-- twin-policies:start -->` and `<!-- twin-policies:
 
     python bench/policies.py            # prints the table and rewrites that section
     python bench/policies.py --quick    # fewer steps and requests (a smoke run)
+    python bench/policies.py --staleness 2,0 --speculation das --cases 1 --no-write
+                                        # issue 25's settings (bench/tail_async.py: its table)
 
 In two processes (each writes its rows, then one merges them into the section):
 
@@ -138,7 +140,8 @@ HEADER = ["| workload | GPUs | s | oracle binds | static (split) | colocated | b
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
-def run_case(case: int, staleness: int, steps: int, quick: bool = False) -> dict:
+def run_case(case: int, staleness: int, steps: int, quick: bool = False,
+             speculation: str = "off") -> dict:
     """One row: every policy of `POLICIES` on `CASES[case]`, with what its split searches
     cost (`quick`: at most 512 requests per step)."""
     workload, gpus, requests = CASES[case]
@@ -146,10 +149,11 @@ def run_case(case: int, staleness: int, steps: int, quick: bool = False) -> dict
     case_steps = min(steps, BIG_REQUEST_STEPS) if requests > 10**4 else steps
     timings: dict[str, tuple[float, float]] = {}
     out = simulate(workload, gpus, POLICIES, steps=case_steps, staleness=staleness, seed=0,
-                   requests_per_step=requests, timings=timings)
+                   requests_per_step=requests, timings=timings, speculation=speculation)
     # what a user gets without searching: the controller started from half and half
     half = simulate(workload, gpus, ("hysteresis",), steps=case_steps, staleness=staleness,
-                    seed=0, requests_per_step=requests, split=gpus // 2)["results"][0]
+                    seed=0, requests_per_step=requests, split=gpus // 2,
+                    speculation=speculation)["results"][0]
     out["hysteresis_from_half"] = {k: half.get(k) for k in
                                    ("samples_per_s", "resizes_per_step", "mean_rollout_devices")}
     tried = sum((row_of(out["results"], p) or {}).get("num_splits_tried", 0)
@@ -204,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--staleness", default="1,0", help="staleness values, comma-separated "
+                        "(e.g. 2,0; not the default: implies --no-write)")
+    parser.add_argument("--speculation", default="off", help="off, das or a JSON histogram, "
+                        "for every policy alike (not off: implies --no-write)")
     parser.add_argument("--cases", help="comma-separated indices into CASES (default: all); "
                         "implies --no-write and skips the extra lines unless --extras")
     parser.add_argument("--extras", action="store_true",
@@ -226,11 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     steps = 6 if args.quick else args.steps
     t0 = time.time()
     records = []
+    stalenesses = [int(k) for k in args.staleness.split(",")]
+    default = (args.staleness, args.speculation) == ("1,0", "off")
     for case in cases:
-        for staleness in (1, 0):
-            records.append(run_case(case, staleness, steps, args.quick))
+        for staleness in stalenesses:
+            records.append(run_case(case, staleness, steps, args.quick, args.speculation))
             print(table_line(records[-1], steps), flush=True)
-    run_extra = not args.quick and (args.cases is None or args.extras)
+    run_extra = not args.quick and (args.cases is None or args.extras) and default
     extra = [drift_second_half(40, 1), drift_second_half(40, 0),
              unseen_line(steps)] if run_extra else []
     for line in extra:
@@ -241,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps({"steps": steps, "extra": extra,
                                               "wall_s": round(time.time() - t0),
                                               "records": records}))
-    if not args.no_write and not args.quick and not args.cases:
+    if not args.no_write and not args.quick and not args.cases and default:
         write_block(START, END, table)
     return 0
 

@@ -3,6 +3,8 @@ sweep, written to docs/results.md.
 
     python bench/unseen.py              # 96 runs (~5 minutes), rewrites docs/results.md
     python bench/unseen.py --runs 8     # a smoke run (prints only)
+    python bench/unseen.py --staleness 0,2 --speculation das --runs 24   # issue 25's
+                                        # settings, own block (<!-- unseen-s02-das:... -->)
 
 Each run draws a workload family and its parameters, a GPU count (4-96), a staleness (0/1)
 and a cost model, then simulates the best static split (searched) and `hysteresis` side by
@@ -70,8 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=96)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--staleness", default="0,1",
+                        help="staleness values drawn from, comma-separated (e.g. 0,2)")
+    parser.add_argument("--speculation", default="off",
+                        help="off, das or a JSON histogram: every policy of every run alike")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
+    stalenesses = tuple(int(k) for k in args.staleness.split(","))
     rng = random.Random(args.seed)
     got: dict[str, list[tuple[float, int, str]]] = {f: [] for f in FAMILIES}
     skipped = 0
@@ -79,14 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.runs):
         family = FAMILIES[i % len(FAMILIES)]
         wl = draw(rng, family, args.steps)
-        gpus, staleness = rng.choice(GPU_COUNTS), rng.choice((0, 1))
+        gpus, staleness = rng.choice(GPU_COUNTS), rng.choice(stalenesses)
         cost_model = rng.choice(COST_MODELS)
         tag = (f"{i:3d} {family:8s} {wl.prompts_per_step}x{wl.samples_per_prompt} median "
                f"{wl.median_response_tokens:5.0f} sigma {wl.sigma:.2f}, {gpus} GPUs, "
                f"s={staleness}, {cost_model}")
         try:
             res = simulate(wl, gpus, ("static", "hysteresis", "oracle"), steps=args.steps,
-                           staleness=staleness, seed=0, cost_model=cost_model)
+                           staleness=staleness, seed=0, cost_model=cost_model,
+                           speculation=args.speculation)
         except ValueError as exc:  # e.g. a request longer than one device's KV cache
             skipped += 1
             print(f"{tag}: skipped ({exc})", flush=True)
@@ -97,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         binds = row["oracle"]["binds"]
         got[family].append((ratio, resizes, binds))
         print(f"{tag}: {binds}, hysteresis / static {ratio:.3f}, {resizes} resizes", flush=True)
+    default = (args.staleness, args.speculation) == ("0,1", "off")
     lines = ["| family | runs (tail-bound) | hyst / static, min | median | min, tail-bound runs "
              "| most resizes in a run |", "|---|---|---|---|---|---|"]
     for family in FAMILIES:
@@ -109,15 +118,23 @@ def main(argv: list[str] | None = None) -> int:
                          f"{f'{min(tail):.3f}' if tail else '-'} | "
                          f"{max(k for _, k, _ in runs)} |")
     header = (f"{sum(map(len, got.values()))} random unseen runs (seed {args.seed}, "
-              f"{args.steps} steps each; 4-96 GPUs, staleness 0/1, H100/H200 x 7B/32B; "
+              f"{args.steps} steps each; 4-96 GPUs, staleness "
+              f"{'/'.join(map(str, stalenesses))}, speculation {Path(args.speculation).stem} "
+              f"for every policy; H100/H200 x 7B/32B; "
               f"{skipped} skipped: a request longer than one device's KV cache); measured "
               f"{time.strftime('%Y-%m-%d')} on {platform.machine()}, "
-              f"{time.time() - t0:.0f} s wall. Reproduce: `python bench/unseen.py`.")
+              f"{time.time() - t0:.0f} s wall. Reproduce: `python bench/unseen.py"
+              + ("" if default else f" --staleness {args.staleness} --speculation "
+                 f"{args.speculation} --runs {args.runs} --steps {args.steps}") + "`.")
     ratios = [r for runs in got.values() for r, _, _ in runs]
-    table = "\n".join([header, "", *lines, "", f"Issue 19's acceptance: {unseen_line(ratios)}"])
+    issue = "Issue 19's" if default else "Issue 25's (acceptance 4, the same settings for both)"
+    table = "\n".join([header, "", *lines, "", f"{issue} acceptance: {unseen_line(ratios)}"])
     print(table)
-    if not args.no_write and args.runs == parser.get_default("runs"):
-        write_block(START, END, table)
+    if not args.no_write and (args.runs == parser.get_default("runs") or not default):
+        tag = "" if default else f"-s{args.staleness.replace(',', '')}-" \
+            f"{Path(args.speculation).stem}"
+        write_block(START.replace(":start", f"{tag}:start"), END.replace(":end", f"{tag}:end"),
+                    table)
     return 0
 
 

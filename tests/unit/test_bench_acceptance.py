@@ -54,3 +54,26 @@ def test_unseen_counts_the_runs_below_static() -> None:
     assert "2 below 1.0x the best static split (min 0.940)" in unseen_line(
         [1.2, 0.94, 0.99, 1.0])
     assert unseen_line([1.0, 1.3]).endswith("met")
+
+
+def _async_record(spec: str, staleness: int, hyst: float, tail_s: float,
+                  fully: float = 1.0, work: float = 1.0) -> dict:
+    rows = [{"policy": "hysteresis", "samples_per_s": hyst},
+            {"policy": "fully-async", "samples_per_s": fully},
+            {"policy": "oracle", "samples_per_s": work, "work_samples_per_s": work}]
+    return {"case": 0, "workload": "dapo-7b", "gpus": 32, "speculation": spec,
+            "staleness": staleness, "out": {"results": rows}, "tail": {"tail_s": tail_s}}
+
+
+def test_issue25_lines_read_the_tail_and_the_ratios() -> None:
+    from acceptance import issue25_lines
+
+    records = [_async_record("off", 0, 10.0, 100.0), _async_record("das", 0, 13.0, 60.0),
+               _async_record("off", 2, 12.0, 90.0), _async_record("das", 2, 15.0, 50.0,
+                                                                   fully=20.0, work=16.0)]
+    lines = issue25_lines(records)
+    assert len(lines) == 4 and all(line.startswith("speculation das") for line in lines)
+    assert "min 0.400" in lines[0] and ": met" in lines[0]          # tail 40% shorter
+    assert "min 1.300" in lines[1] and ": met" in lines[1]          # 13 / 10
+    assert "min 0.938" in lines[2] and ": met" in lines[2]          # 15 / 16 >= 0.85
+    assert "min 0.750" in lines[3] and "**missed**" in lines[3]     # 15 / 20 < 0.95

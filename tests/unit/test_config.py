@@ -41,7 +41,7 @@ def test_dry_run_text_parses_back(tmp_path: Path) -> None:
         ("run.steps=0", "run.steps", "> 0"),
         ("run.steps=-3", "run.steps", "> 0"),
         ("run.steps='x'", "run.steps", "integer"),
-        ("run.staleness=2", "run.staleness", "0 (on-policy)"),
+        ("run.staleness=9", "run.staleness", "0 (on-policy)"),
         ("allocation.num_train_devices=0", "allocation.num_train_devices", "> 0"),
         ("allocation.num_rollout_devices=1000", "allocation", "offers at most"),
         ("train.micro_batch_size=7", "train.micro_batch_size", "must divide"),

@@ -50,7 +50,7 @@ def test_simulate_text_and_out_dirs(capsys: pytest.CaptureFixture[str], tmp_path
     (["--workload", "nope"], "workload 'nope'"),
     (["--gpus", "1"], "--gpus 1"),
     (["--policy", "static,nope"], "policy 'nope'"),
-    (["--staleness", "3"], "staleness = 3"),
+    (["--staleness", "9"], "staleness = 9"),
     (["--steps", "0"], "--steps 0"),
     (["--calibration", "/nonexistent.json"], "/nonexistent.json"),
 ])

@@ -70,7 +70,8 @@ def test_simulate_is_deterministic() -> None:
 
 def test_unknown_policy_names_the_allowed_ones() -> None:
     with pytest.raises(ValueError,
-                       match="policy .nope.: allowed: static, colocated, reference, oracle"):
+                       match="policy .nope.: allowed: static, colocated, reference, "
+                             "fully-async, oracle"):
         simulate("balanced", gpus=4, steps=1, requests_per_step=32, policies=("nope",))
 
 
@@ -107,7 +108,7 @@ def test_any_registered_policy_runs_through_the_orchestrator() -> None:
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"gpus": 1}, "gpus = 1"), ({"steps": 0}, "steps = 0"), ({"staleness": 2}, "staleness = 2"),
+    ({"gpus": 1}, "gpus = 1"), ({"steps": 0}, "steps = 0"), ({"staleness": 9}, "staleness = 9"),
     ({"split": 6}, "split = 6"),
 ])
 def test_bad_arguments(kwargs: dict, match: str) -> None:

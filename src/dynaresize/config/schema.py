@@ -43,7 +43,9 @@ class RunConfig:
     seed: int = _doc("Run seed: data order and every request's sampler derive from it.", default=0)
     steps: int = _doc("Number of RL steps (optimizer steps).", default=30)
     staleness: int = _doc(
-        "0: on-policy; 1: one-step-off. Step k's samples come from version max(0, k - s).",
+        "0: on-policy; 1: one-step-off; s >= 2: s steps off (at most 8). Every sample of step "
+        "k comes from version max(0, k - s) exactly; the rollout loop runs up to s steps "
+        "ahead of training (s steps of samples buffered, s + 1 versions kept).",
         default=1,
     )
     checkpoint_every: int = _doc("Checkpoint every N steps (0: never).", default=0)

@@ -98,14 +98,21 @@ def _validate_loss(cfg: Config) -> None:
                           f"must be <= task.max_new_tokens = {cfg.task.max_new_tokens}")
 
 
+MAX_STALENESS = 8
+"""Deepest fixed staleness: the rollout loop runs up to s steps ahead of training, buffering up
+to s steps of samples and keeping s + 1 weight versions."""
+
+
 def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = True) -> None:
     """Raise ConfigError on the first bad value. `check_machine`: also what this machine
     offers (devices, vLLM); `check_packages`: also that a `model.source`'s package is
     installed (only a real run needs it)."""
     r, t, m, a = cfg.run, cfg.task, cfg.train, cfg.allocation
     _positive("run.steps", r.steps)
-    if r.staleness not in (0, 1):
-        raise ConfigError("run.staleness", r.staleness, "allowed: 0 (on-policy), 1 (one-step-off)")
+    if isinstance(r.staleness, bool) or not isinstance(r.staleness, int) \
+            or not 0 <= r.staleness <= MAX_STALENESS:
+        raise ConfigError("run.staleness", r.staleness, f"allowed: 0 (on-policy) .. "
+                          f"{MAX_STALENESS} (every sample of step k from version k - s)")
     _non_negative("run.checkpoint_every", r.checkpoint_every)
     _non_negative("run.export_every", r.export_every)
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):

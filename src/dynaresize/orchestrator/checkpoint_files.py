@@ -8,8 +8,8 @@ update (the orchestrator holds the train lock, so no resize and no other collect
  run_dir/checkpoints/step-00000K/
    train/            DCP: each training rank writes its own shards of model + AdamW state
                      (`train.checkpoint`); critical (a collective of the training group)
-   weights-v{K-1}.pt full weights of version K-1 when staleness = 1 (the rollout of step K
-                     needs them); already on the driver, written off the critical path
+   weights-v{V}.pt   full weights of versions K-s .. K-1 at staleness s (the rollouts of
+                     steps K .. K+s-1 need them); on the driver, written off the critical path
    state.json        step K, seed, staleness, allocation, versions, files: written last
  run_dir/checkpoints/latest   "step-00000K", replaced atomically once state.json exists
 ```

@@ -106,7 +106,7 @@ class Orchestrator:
         self.state = state = RunState(
             devices, allocation or Allocation.initial(cfg.allocation.num_rollout_devices,
                                                       cfg.allocation.num_train_devices),
-            resume_from[1].num_steps if resume_from else 0)
+            resume_from[1].num_steps if resume_from else 0, cfg.run.staleness)
         switch = switch or NoSwitch()
         self.versions = state.versions
         self.board = board = StepBoard()

@@ -13,19 +13,28 @@ from dynaresize.core.types import Role
 from dynaresize.protocols import Device, WeightHandle
 
 
-class VersionStore:
-    """Published policy versions: version → weight handle; waiters block until published."""
+def sample_version(step: int, staleness: int) -> int:
+    """The one policy version every sample of `step` comes from at staleness `staleness`
+    (design §2): `max(0, step - staleness)`, whatever the allocation, timing or resizes."""
+    return max(0, step - staleness)
 
-    def __init__(self) -> None:
+
+class VersionStore:
+    """Published policy versions: version → weight handle; waiters block until published.
+    Keeps the `keep` newest (staleness s needs s + 1: the rollout of step k + s loads version
+    k while versions up to k + s may be published)."""
+
+    def __init__(self, keep: int = 2) -> None:
         self._handles: dict[int, WeightHandle] = {0: None}
         self.latest = 0
+        self.keep = max(2, keep)
         self._changed = asyncio.Condition()
 
     async def publish(self, version: int, handle: WeightHandle) -> None:
         async with self._changed:
             self._handles[version] = handle
             self.latest = max(self.latest, version)
-            for old in [v for v in self._handles if v < version - 1]:
+            for old in [v for v in self._handles if v <= version - self.keep]:
                 del self._handles[old]
             self._changed.notify_all()
 
@@ -38,7 +47,7 @@ class VersionStore:
         return self._handles[version]
 
     def has(self, version: int) -> bool:
-        """Whether `version` is still kept (the two newest are)."""
+        """Whether `version` is still kept (the `keep` newest are)."""
         return version in self._handles
 
 
@@ -51,9 +60,9 @@ class RunState:
     orchestrator; `versions` (publish): the train loop (also what a resume restored)."""
 
     def __init__(self, devices: Sequence[Device], allocation: Allocation,
-                 start_step: int) -> None:
+                 start_step: int, staleness: int = 1) -> None:
         self.devices = list(devices)
-        self.versions = VersionStore()
+        self.versions = VersionStore(keep=staleness + 1)
         self.allocation = allocation
         self.start_step = start_step
         """The first step this run executes (the checkpoint's, on resume)."""

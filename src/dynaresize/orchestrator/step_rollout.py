@@ -27,6 +27,7 @@ from dynaresize.core.samples import StepSamples, assemble_step
 from dynaresize.core.stream import StepStream
 from dynaresize.core.types import Completion, RequestSpec, request_seed
 from dynaresize.orchestrator.source import PromptLike, PromptSource
+from dynaresize.orchestrator.state import sample_version
 from dynaresize.protocols import Clock
 from dynaresize.rollout.run import RolloutRun
 
@@ -83,8 +84,9 @@ class RolloutSettings:
                    record_tokens=cfg.output.record_tokens)
 
     def version_for(self, step: int) -> int:
-        """The policy version step `step` samples from: max(0, step - staleness)."""
-        return max(0, step - self.staleness)
+        """The policy version step `step` samples from: max(0, step - staleness)
+        (`orchestrator.state.sample_version`)."""
+        return sample_version(step, self.staleness)
 
 
 class StepRollout:

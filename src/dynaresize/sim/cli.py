@@ -40,7 +40,8 @@ def format_table(out: dict[str, Any]) -> str:
         cells = []
         for key, _, fmt in TABLE_COLUMNS:
             value = r.get(key)
-            cells.append(_split_text(value) if key == "split" else fmt.format(value))
+            cells.append(_split_text(value) if key == "split" else
+                         "-" if value is None else fmt.format(value))
         rows.append(cells)
     head = [title for _, title, _ in TABLE_COLUMNS]
     widths = [max(len(h), *(len(c[i]) for c in rows)) for i, h in enumerate(head)]
@@ -59,6 +60,13 @@ def format_table(out: dict[str, Any]) -> str:
     if oracle:
         lines.append(f"oracle: {oracle['tail_bound_steps']} tail-bound, "
                      f"{oracle['work_bound_steps']} work-bound steps")
+    if out.get("speculation"):
+        spec = out["speculation"]
+        lines.append(f"speculation {spec['name']} (mean {spec['mean_accepted']:.2f} accepted "
+                     "tokens per verify iteration at the deepest budget): " + ", ".join(
+                         f"{r['policy']} {r['accepted_per_iteration']}/iter on "
+                         f"{r['speculating_share']:.0%} of request-iterations"
+                         for r in out["results"] if r.get("accepted_per_iteration")))
     if out.get("hysteresis_vs"):
         lines.append("hysteresis samples/s as a fraction of: " + ", ".join(
             f"{p} {x:.2f}x" for p, x in out["hysteresis_vs"].items()))
@@ -112,6 +120,8 @@ def twin_faults(path: str | None, sets: list[str], gpus: int, steps: int) -> Any
     for text in sets:
         key, value = parse_override(text)
         sec, name = key.split(".")
+        if sec == "sim":
+            continue  # `twin_speculation`
         if name not in TWIN_KEYS.get(sec, ()):
             allowed = ", ".join(f"{s}.{k}" for s, ks in TWIN_KEYS.items() for k in ks)
             raise ConfigError("--set", text, f"simulate takes {allowed} (flags set the rest)")
@@ -134,6 +144,34 @@ def check_run_dir(run_dir: str, what: str) -> None:
     if not (path / "config.toml").is_file():
         raise UsageError(f"{what} {run_dir}: no config.toml in that run directory (a "
                          "`dynaresize train --out DIR` run directory has one)")
+
+
+def twin_speculation(flag: str | None, path: str | None, sets: list[str]) -> str | None:
+    """The speculation switch: `--speculation`, else `--set sim.speculation=...`, else the
+    `--config` file's `[sim] speculation` (default: off)."""
+    import tomllib
+
+    from dynaresize.config import parse_override
+    from dynaresize.config.schema import ConfigError
+
+    if flag is not None:
+        return flag
+    value: Any = None
+    if path is not None:
+        try:
+            table = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("sim", {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            table = {}  # twin_faults names the problem
+        value = table.get("speculation") if isinstance(table, dict) else None
+    for text in sets:
+        key, got = parse_override(text)
+        if key.startswith("sim."):
+            if key != "sim.speculation":
+                raise ConfigError("--set", text, "the twin's own key is sim.speculation")
+            value = got
+    if value is not None and not isinstance(value, str):
+        raise ConfigError("sim.speculation", value, "off, das or a JSON histogram file")
+    return value
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -168,6 +206,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                         requests_per_step=args.requests_per_step)
         steps = args.steps or (workload.num_steps if workload.num_steps else 50)
         faults = twin_faults(args.config, args.set or [], gpus, steps)
+        speculation = twin_speculation(args.speculation, args.config, args.set or [])
         run_policy = None
         if args.from_run:  # the policy the live run ran (a forced schedule runs as static)
             run_policy = "static" if run_cfg.resize.schedule else run_cfg.controller.policy
@@ -175,7 +214,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         policies = _policies(args.policy) or ((run_policy, *oracle) if run_policy else None)
         out = simulate(workload, gpus, policies, steps=steps, staleness=staleness,
                        seed=args.seed, cost_model=costs, out_dir=args.out, split=split,
-                       faults=faults)
+                       faults=faults, speculation=speculation)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.out:
@@ -244,6 +283,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="set faults.kill, faults.timeout_s or run.checkpoint_every, e.g. "
                      "--set \"faults.kill=[{device=900, step=1, at='train'}]\" (repeatable)")
+    sim.add_argument("--speculation", metavar="off|das|FILE.json", help="speculative "
+                     "decoding for every policy alike: off (default), das (DAS-sized preset) "
+                     "or an accepted-tokens histogram {\"accepted_per_iteration\": {...}}; "
+                     "also [sim] speculation in --config, --set sim.speculation=...")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--out", metavar="DIR", help="write a run directory per policy")
     sim.set_defaults(func=cmd_simulate)

@@ -154,6 +154,9 @@ class CostModel:
     weight_sync_latency_s: float = 0.05
     resize: ResizeCosts = field(default_factory=ResizeCosts)
     recovery: RecoveryCosts = field(default_factory=RecoveryCosts)
+    speculation: Any = None
+    """Speculative decoding (`sim.speculation.Speculation`; None: off). Set by `simulate
+    --speculation` for every policy of a run alike; verify iterations: `sim.speculation`."""
 
     # ------------------------------------------------------------------ rollout
     def kv_capacity_tokens(self) -> int:

@@ -32,7 +32,7 @@ from dynaresize.protocols import Clock, WeightHandle
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device_types import Lengths, SimCompletion, SimInflight, sorted_members
-from dynaresize.sim.engine_model import SimEngine
+from dynaresize.sim.engine_spec import make_engine
 from dynaresize.sim.faults import DeviceDied, SimProcesses, SimStorage, fail_waits
 from dynaresize.sim.workloads import Workload
 
@@ -72,7 +72,7 @@ class SimDevice:
         self._wait = clock.after if isinstance(clock, VirtualClock) else clock.sleep
         """`clock.sleep` (VirtualClock: its frame-less `after`)."""
         self.version = 0
-        self.engine = SimEngine(index, costs, self._lengths)
+        self.engine = make_engine(index, costs, self._lengths)
         self._groups: set[frozenset[int]] = set()
         """Member sets this device has a communicator for (frozensets cache their hash)."""
         self._members: tuple[int, ...] = ()

@@ -74,6 +74,14 @@ class Lengths:
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
         self._steps: dict[int, tuple[list[list[int]], list[int]]] = {}
+        self._spec: Any = None
+
+    def spec_table(self, speculation: Any) -> Any:
+        """The run's shared `speculation.SpecTable` (created on first use)."""
+        if self._spec is None:
+            from dynaresize.sim.speculation import SpecTable
+            self._spec = SpecTable(speculation, self)
+        return self._spec
 
     def __call__(self, step: int) -> tuple[list[list[int]], list[int]]:
         """(response tokens [prompt][sample], prompt tokens [prompt]) of `step`."""

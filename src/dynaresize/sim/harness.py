@@ -247,7 +247,20 @@ def results_row(policy: str, run: SimRun, split: dict[str, int] | None) -> dict[
                 s, run.rundir.events, s["steps"]), 2),
             "mean_rollout_devices": round(float(np.mean(
                 [m["num_rollout_devices"] for m in metrics])), 2), **fault_columns(s),
-            **_churn(run, len(metrics))}
+            **_churn(run, len(metrics)), **speculation_columns(run)}
+
+
+def speculation_columns(run: SimRun) -> dict[str, Any]:
+    """With speculation: accepted tokens per speculating request-iteration and the share of
+    request-iterations that speculated (the run's shared `SpecTable`)."""
+    if run.orchestrator is None:
+        return {}
+    table = getattr(run.orchestrator.state.devices[0].engine, "table", None)
+    if table is None:
+        return {}
+    got = table.stats()
+    return {"accepted_per_iteration": got["accepted_per_iteration"],
+            "speculating_share": got["speculating_share"]}
 
 
 def fault_columns(summary: dict[str, Any]) -> dict[str, Any]:

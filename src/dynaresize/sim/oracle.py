@@ -30,6 +30,11 @@ sample (its tail), the optimizer step and a weight sync, so `1 + s` step periods
   start during step k's tail (pipelined rollouts, `orchestrator_rollout`); the bound is the
   steady-state `max(a, b)` (the pipeline's fill and drain are ignored).
 
+With speculation (`CostModel.speculation`), (a) takes each request's decode at its best
+budget (`spec_alone_s`, the iterations the twin's engines draw for it) and (b)'s iterations
+accept the distribution's mean at the deepest budget (`ceil(tokens / (B * mean))`; the FLOPs
+term is unchanged: every accepted token is computed at least once).
+
 A step is *tail-bound* when (a) binds, *work-bound* when (b) does.
 """
 
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dynaresize.sim.costs import CostModel
+from dynaresize.sim.speculation import request_iterations
 from dynaresize.sim.workloads import StepRequests, Workload
 
 
@@ -68,7 +74,9 @@ def rollout_device_s(costs: CostModel, req: StepRequests) -> float:
     lengths = req.response_tokens.astype(np.float64)
     prompts = np.broadcast_to(req.prompt_tokens[:, None], lengths.shape).astype(np.float64)
     tokens = float(lengths.sum())
-    num_iters = np.ceil(tokens / costs.max_running_requests)
+    spec = costs.speculation
+    per_iteration = 1.0 if spec is None else spec.mean_accepted
+    num_iters = np.ceil(tokens / (costs.max_running_requests * per_iteration))
     kv_reads = float((lengths * prompts + lengths * (lengths - 1) / 2.0).sum())
     bw = costs.gpu.hbm_bytes_per_s * costs.decode_bw_efficiency
     mem_s = (num_iters * costs.model.weight_bytes + kv_reads * costs.model.kv_bytes_per_token) / bw
@@ -82,7 +90,30 @@ def tail_s(costs: CostModel, req: StepRequests) -> float:
     lengths = req.response_tokens
     prompts = np.broadcast_to(req.prompt_tokens[:, None], lengths.shape)
     per_request = costs.decode_span_s(lengths, 1, prompts) + costs.prefill_s(1) * prompts
+    if costs.speculation is not None:
+        per_request = np.minimum(per_request, spec_alone_s(costs, req) + costs.prefill_s(1)
+                                 * prompts)
     return float(np.max(per_request))
+
+
+def spec_alone_s(costs: CostModel, req: StepRequests) -> np.ndarray:
+    """Every request's decode alone with speculation at the budget best for it (the same
+    iterations `SpecEngine` draws for it at each budget)."""
+    spec = costs.speculation
+    lengths = np.maximum(1.0, req.response_tokens.astype(np.float64))
+    prompts = np.broadcast_to(req.prompt_tokens[:, None], lengths.shape).astype(np.float64)
+    bw, kv, w, comp_per_request_s = costs._hot  # type: ignore[attr-defined]
+    best = np.full(lengths.shape, np.inf)
+    for p in spec.levels:
+        n = request_iterations(spec, req.step, lengths, p)
+        growth = lengths / n
+        comp_s = comp_per_request_s * p
+        cross = (comp_s * bw - w) / kv
+        first_mem = np.minimum(n, np.maximum(0.0, np.ceil((cross - prompts) / growth)))
+        m = n - first_mem
+        mem_sum_s = (m * (w + prompts * kv) + growth * kv * (first_mem + n - 1) * m / 2.0) / bw
+        best = np.minimum(best, n * costs.iteration_overhead_s + first_mem * comp_s + mem_sum_s)
+    return best
 
 
 def trained_tokens(req: StepRequests) -> int:
@@ -130,6 +161,7 @@ def oracle_result(steps: list[OracleStep]) -> dict[str, object]:
         "bubble_fraction": 0.0,
         "idle_device_s_per_step": 0.0,
         "num_resizes": 0,
+        "work_samples_per_s": sum(s.num_samples for s in steps) / sum(s.work_s for s in steps),
         "tail_bound_steps": num_tail,
         "work_bound_steps": len(steps) - num_tail,
         "binds": "tail-bound" if num_tail * 2 > len(steps) else "work-bound",

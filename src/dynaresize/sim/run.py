@@ -13,6 +13,9 @@ Policies (`simulate(policies=...)`):
   (`dynaresize.control.fixed`: one split, streaming training, pipelined rollouts at staleness
   >= 1) at its best split, searched like `static`'s.
 - `colocated`: `colocated.py` (all devices roll out, then all train, with the switch cost).
+- `fully-async`: `fully_async.py`, verl's / AReaL's fully-async mode at the run's staleness
+  bound (partial rollouts across weight updates, groups trained in completion order): it
+  **changes the semantics**, the competitor to report against; its split searched on a grid.
 - any other policy of the registry (`dynaresize.control.registry`: `borrow`, `fixed`, `hysteresis`):
   the orchestrator with that controller, starting from the best static split (searched once,
   shared with `static`).
@@ -29,13 +32,16 @@ orchestrator and refuse them. Their rows gain `num_faults`, `recovery_s`, `repla
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dynaresize.config.validate import MAX_STALENESS
 from dynaresize.control.registry import POLICIES
 from dynaresize.sim import split_search
 from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
+from dynaresize.sim.fully_async import run_fully_async, search_fully_async
 from dynaresize.sim.harness import (
     StepSubset,
     TwinFaults,
@@ -50,11 +56,15 @@ from dynaresize.sim.oracle import (
     tail_s,
     trained_tokens,
 )
+from dynaresize.sim.speculation import Speculation, resolve_speculation
 from dynaresize.sim.workloads import Workload, resolve_workload
 
-BUILTIN_POLICIES = ("static", "colocated", "reference", "oracle")
-NOT_ORCHESTRATOR = ("colocated", "oracle")
+BUILTIN_POLICIES = ("static", "colocated", "reference", "fully-async", "oracle")
+NOT_ORCHESTRATOR = ("colocated", "fully-async", "oracle")
 """Policies that do not run the orchestrator (no device deaths, no checkpoints)."""
+
+FULLY_ASYNC_PROBE_STEPS = 8
+"""Steps of each split `fully-async`'s search simulates (from the run's start)."""
 
 
 def load_policies() -> tuple[str, ...]:
@@ -184,8 +194,8 @@ def _check_shape(gpus: int, steps: int, split: int | None, staleness: int) -> No
         raise ValueError(f"steps = {steps}: must be >= 1")
     if split is not None and not 1 <= split < gpus:
         raise ValueError(f"split = {split}: must be in 1..{gpus - 1} rollout devices")
-    if staleness not in (0, 1):
-        raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy), 1 (one-step-off)")
+    if not 0 <= staleness <= MAX_STALENESS:
+        raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy) .. {MAX_STALENESS}")
 
 
 def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | None = None,
@@ -193,7 +203,8 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
              cost_model: str | CostModel = "h100-7b", requests_per_step: int | None = None,
              out_dir: str | Path | None = None, split: int | None = None,
              timings: dict[str, tuple[float, float]] | None = None,
-             faults: TwinFaults | None = None) -> dict[str, Any]:
+             faults: TwinFaults | None = None,
+             speculation: str | Speculation | None = None) -> dict[str, Any]:
     """Compare `policies` (default: `default_policies()`) on one workload; returns the JSON
     object of `dynaresize simulate --json`. `split` fixes the rollout-device count of
     `static` (and the start of controller policies) instead of searching it. `timings`, if
@@ -205,6 +216,10 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
     wl = workload if isinstance(workload, Workload) else resolve_workload(
         workload, seed=seed, requests_per_step=requests_per_step)
     costs = cost_model if isinstance(cost_model, CostModel) else get_cost_model(cost_model)
+    spec = speculation if isinstance(speculation, Speculation) or speculation is None \
+        else resolve_speculation(speculation)
+    if spec is not None:
+        costs = replace(costs, speculation=spec)
     if wl.num_steps is not None and steps > wl.num_steps:
         raise ValueError(f"steps = {steps}: the trace {wl.name} has only {wl.num_steps}")
     if faults:  # the entries against this run's devices and steps, before anything runs
@@ -231,6 +246,14 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
             run = run_colocated(cfg, wl, costs, _sub(out_dir, policy))
             row = results_row("colocated", run, {"rollout": gpus, "train": gpus})
             row["staleness"] = 0
+            results.append(row)
+            lap(policy)
+            continue
+        if policy == "fully-async":  # changes the semantics: a competitor's row
+            fa = (split, 0) if split is not None else search_fully_async(
+                wl, gpus, min(steps, FULLY_ASYNC_PROBE_STEPS), staleness, seed, costs)
+            row = run_fully_async(wl, gpus, fa[0], steps, staleness, seed, costs)
+            row["num_splits_tried"] = fa[1]
             results.append(row)
             lap(policy)
             continue
@@ -261,6 +284,9 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
         timings.pop("-", None)
     out = {"workload": wl.name, "gpus": gpus, "steps": steps, "staleness": staleness,
            "cost_model": f"{costs.gpu.name}/{costs.model.name}", "results": results}
+    if spec is not None:
+        out["speculation"] = {"name": spec.name,
+                              "mean_accepted": round(spec.mean_accepted, 3)}
     out.update(hysteresis_summary(results))
     return out
 

@@ -1,0 +1,43 @@
+"""Fixed staleness 2 on the real path (Ray actors, gloo, FSDP2, CPU): every sample of step t
+from version t - 2, and a forced schedule of resizes (some mid-rollout, requests migrated)
+changes neither samples.jsonl nor the final parameters (issue 25)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from run_views import sample_view
+
+from dynaresize.config import load_config
+
+pytestmark = pytest.mark.ray
+
+BASE = ["run.steps=5", "run.staleness=2", "task.prompts_per_step=4",
+        "task.samples_per_prompt=4", "task.max_new_tokens=24", "train.micro_batch_size=2",
+        "output.progress='plain'", "rollout.max_running_requests=4", "rollout.slice_s=0.02",
+        "resize.staging_bytes=4096"]
+SCHEDULE = ("resize.schedule=["
+            "{step=0, at='rollout:0.25', move='rollout->train', num_devices=1},"
+            "{step=1, at='start', move='train->rollout', num_devices=2},"
+            "{step=3, at='rollout:0.3', move='rollout->train', num_devices=1},"
+            "{step=4, at='rollout:0.4', move='train->rollout', num_devices=1}]")
+
+
+def run(pool: Any, out: Path, *overrides: str) -> dict[str, Any]:
+    from dynaresize.app.runner import run_training
+
+    cfg = load_config(None, [*BASE, *overrides])
+    return run_training(cfg, out, pool=pool(cfg.num_devices))
+
+
+def test_staleness_2_forced_schedule_same_samples_and_params(device_pool: Any,
+                                                             tmp_path: Path) -> None:
+    plain = run(device_pool, tmp_path / "plain")
+    forced = run(device_pool, tmp_path / "forced", SCHEDULE)
+    assert forced["num_resizes"] == 4
+    view = sample_view(tmp_path / "plain")
+    assert {(k[0], v[0]) for k, v in view.items()} == {(t, max(0, t - 2)) for t in range(5)}
+    assert sample_view(tmp_path / "forced") == view
+    assert forced["param_sha256"] == plain["param_sha256"]
