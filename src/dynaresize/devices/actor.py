@@ -112,6 +112,7 @@ class DeviceActor:
 
     def _build_engine(self, blank: bool = False) -> None:
         from dynaresize.rollout.engine import RolloutEngine
+        from dynaresize.rollout.speculative import settings_from_config
 
         self._drop_engine()
         if self.cfg.rollout.engine == "vllm":  # vLLM in this process (docs/vllm.md)
@@ -129,7 +130,10 @@ class DeviceActor:
                                     max_running=self.cfg.rollout.max_running_requests,
                                     batch_invariant=self.cfg.rollout.batch_invariant,
                                     torch_device=self.torch_device,
-                                    whole_prompt_prefill=self.cfg.rollout.whole_prompt_prefill)
+                                    whole_prompt_prefill=self.cfg.rollout.whole_prompt_prefill,
+                                    forward_rows=self.cfg.rollout.speculative.forward_rows,
+                                    speculation=settings_from_config(
+                                        self.cfg.rollout.speculative))
 
     # ------------------------------------------------------------------ communicators
     def group(self, members: tuple[int, ...]) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 DRAFTERS = ("prefix", "siblings", "history")
 
@@ -241,3 +242,15 @@ class Speculation:
                               predicted_remaining=predicted, num_running=num_running,
                               full_batch=s.full_batch, long_tokens=s.long_tokens)
         return self.pool.propose(key, budget)
+
+
+def settings_from_config(sp: Any) -> SpeculationSettings | None:
+    """`[rollout.speculative]` (a `SpeculativeConfig`) -> an engine's settings; None if off."""
+    if not sp.enabled:
+        return None
+    return SpeculationSettings(
+        max_draft_tokens=sp.max_draft_tokens,
+        drafters=tuple(d.strip() for d in sp.drafters.split(",")),
+        min_ngram=sp.min_ngram, max_ngram=sp.max_ngram, full_batch=sp.full_batch,
+        long_tokens=sp.long_tokens, history_prompts=sp.history_prompts,
+        history_responses=sp.history_responses)
