@@ -96,8 +96,9 @@ class SpeculativeConfig:
     forward_rows: int = _doc("Builtin batch-invariant engine: positions every forward feeds "
                              "(padded; eager attention), so logits do not depend on how many "
                              "are verified at once. 0: one-token forwards (as before). "
-                             "Speculation needs >= 2; a value changes float rounding, so samples "
-                             "differ from 0 (not between speculation on and off).", default=0)
+                             "Otherwise >= 4; speculation needs it. A value changes float "
+                             "rounding, so samples differ from 0 (not between speculation on "
+                             "and off).", default=0)
     max_draft_tokens: int = _doc("Most draft tokens per verify forward (< forward_rows).",
                                  default=7)
     drafters: str = _doc("Comma-separated draft sources: 'prefix' (the request's own text), "

@@ -26,7 +26,7 @@ from dynaresize.config.schema import (
     ResizeEntry,
 )
 from dynaresize.model_sources import missing_requirement
-from dynaresize.rollout.speculative import DRAFTERS
+from dynaresize.rollout.speculative import DRAFTERS, MIN_ROWS
 
 # ----------------------------------------------------------------------------- validation
 
@@ -305,7 +305,9 @@ def schedule_order(cfg: Config) -> list[ResizeEntry]:
 def _validate_speculative(cfg: Config) -> None:
     """[rollout.speculative]: fixed-row forwards on the builtin batch-invariant engine."""
     sp, name = cfg.rollout.speculative, "rollout.speculative"
-    _non_negative(f"{name}.forward_rows", sp.forward_rows)
+    if sp.forward_rows and sp.forward_rows < MIN_ROWS:
+        raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
+                          f"0 (off) or >= {MIN_ROWS} (fewer rows run other CPU kernels)")
     if sp.forward_rows and (cfg.rollout.engine != "builtin" or not cfg.rollout.batch_invariant):
         raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
                           "needs rollout.engine = 'builtin' and rollout.batch_invariant = true "
@@ -322,9 +324,9 @@ def _validate_speculative(cfg: Config) -> None:
                           f"a comma-separated subset of {', '.join(DRAFTERS)}")
     if not sp.enabled:
         return
-    if sp.forward_rows < 2:
+    if not sp.forward_rows:
         raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
-                          f"{name}.enabled needs >= 2 (e.g. 8; set the same value with "
+                          f"{name}.enabled needs >= {MIN_ROWS} (e.g. 8; set the same value with "
                           f"speculation off to compare samples)")
     if not 1 <= sp.max_draft_tokens < sp.forward_rows:
         raise ConfigError(f"{name}.max_draft_tokens", sp.max_draft_tokens,

@@ -25,6 +25,10 @@ from typing import Any
 
 DRAFTERS = ("prefix", "siblings", "history")
 
+MIN_ROWS = 4
+"""Fewest rows a fixed-row forward may have: measured (torch 2.13, CPU fp32), a linear layer's
+output row is bitwise the same for every row count >= 4, not for 1, 2 or 3."""
+
 Key = tuple[int, int, int]
 """(step, prompt, sample) of a request."""
 
