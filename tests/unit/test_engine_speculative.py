@@ -23,14 +23,16 @@ def make_model() -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=32, hidden_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                         max_position_embeddings=256, tie_word_embeddings=True)
+                         max_position_embeddings=512, tie_word_embeddings=True)
     return Qwen2ForCausalLM(config).eval()
 
 
-def test_fixed_row_logits_do_not_depend_on_the_chunking():
+@pytest.mark.parametrize("length", [40, 260])
+def test_fixed_row_logits_do_not_depend_on_the_chunking(length):
+    """Bitwise, also past ~192 keys (where plain eager attention's P @ V reduction splits)."""
     model = make_model()
     use_row_invariant_attention(model)
-    seq = [(5 * i + 3) % 31 + 1 for i in range(40)]
+    seq = [(5 * i + 3) % 31 + 1 for i in range(length)]
 
     def logits(chunk: int) -> torch.Tensor:
         cache, out = DynamicCache(), []

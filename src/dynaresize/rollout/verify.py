@@ -23,15 +23,54 @@ import torch
 
 from dynaresize.rollout.speculative import MIN_ROWS
 
+KEY_BLOCK = 64
+"""Attention works on blocks of this many keys (below the measured threshold, ~192 keys, above
+which a matmul's reduction over the keys is split differently)."""
+ATTENTION = "dynaresize_fixed_blocks"
+
+
+def fixed_block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                          value: torch.Tensor, attention_mask: torch.Tensor | None,
+                          scaling: float, dropout: float = 0.0, **kwargs: Any
+                          ) -> tuple[torch.Tensor, None]:
+    """Causal attention of batch-1 `query` [1, heads, M, d] over `key`/`value` [1, kv_heads, N,
+    d] (the last M keys are the queries' own positions), computed in blocks of `KEY_BLOCK` keys
+    (zero-padded) whose partial outputs are summed in block order: every matmul has the same
+    shape whatever N is, so a row's result does not depend on how many masked keys follow it.
+    `attention_mask` is ignored (batch 1, no padding: the causal mask is built here)."""
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    batch, heads, rows, dim = query.shape
+    num_keys = key.shape[2]
+    blocks = -(-num_keys // KEY_BLOCK)
+    pad = blocks * KEY_BLOCK - num_keys
+    if pad:
+        key = torch.nn.functional.pad(key, (0, 0, 0, pad))
+        value = torch.nn.functional.pad(value, (0, 0, 0, pad))
+    key = key.view(batch, heads, blocks, KEY_BLOCK, dim)
+    value = value.view(batch, heads, blocks, KEY_BLOCK, dim)
+    scores = torch.matmul(query[:, :, None], key.transpose(-1, -2)) * scaling  # [b,h,B,M,K]
+    scores = scores.transpose(2, 3).reshape(batch, heads, rows, blocks * KEY_BLOCK)
+    visible = (torch.arange(blocks * KEY_BLOCK, device=query.device)[None, :]
+               <= torch.arange(num_keys - rows, num_keys, device=query.device)[:, None])
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = probs.view(batch, heads, rows, blocks, KEY_BLOCK).transpose(2, 3)
+    parts = torch.matmul(probs, value)  # [b, h, B, M, d]
+    out = parts[:, :, 0]
+    for block in range(1, blocks):
+        out = out + parts[:, :, block]
+    return out.transpose(1, 2).contiguous(), None
+
 
 def use_row_invariant_attention(model: torch.nn.Module) -> None:
-    """Switch `model` (a transformers model) to eager attention (SDPA's CPU kernel is not
-    invariant in the query length)."""
-    setter = getattr(model, "set_attn_implementation", None)
-    if setter is not None:
-        setter("eager")
-    else:  # older transformers
-        model.config._attn_implementation = "eager"
+    """Switch `model` (a transformers model) to `fixed_block_attention` (SDPA's CPU kernel is
+    not invariant in the query length, plain eager attention not in the key length)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, fixed_block_attention)
+    model.set_attn_implementation(ATTENTION)
 
 
 MIN_KEYS = 32
