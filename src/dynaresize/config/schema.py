@@ -94,8 +94,9 @@ class SpeculativeConfig:
                          "token the sampler draws (samples are the same on and off at the same "
                          "forward_rows).", default=False)
     forward_rows: int = _doc("Builtin batch-invariant engine: positions every forward feeds "
-                             "(padded; eager attention), so logits do not depend on how many "
-                             "are verified at once. 0: one-token forwards (as before). "
+                             "(padded; attention in fixed key blocks), so logits do not "
+                             "depend on how many are verified at once. 0: one-token forwards "
+                             "(as before). "
                              "Otherwise >= 4; speculation needs it. A value changes float "
                              "rounding, so samples differ from 0 (not between speculation on "
                              "and off).", default=0)

@@ -25,11 +25,12 @@ Determinism, by construction:
   batched forward per decode iteration (caches stay per request and are padded into a batch each
   iteration). Log-probs are still exact up to float rounding, but tokens may differ by batch.
 * `forward_rows=R` (batch-invariant mode, `rollout.speculative.forward_rows`): every forward feeds
-  exactly R positions (padded, eager attention; `rollout.verify`), so a forward's logits do not
-  depend on how many of its positions are real. That lets `speculation` verify up to R - 1 draft
-  tokens per forward exactly: a draft is kept iff it equals the token the request's generator
-  draws there, the first mismatch's draw is kept, one draw per emitted token, so the tokens and
-  the generator state are those of decoding one token at a time (docs/speculative.md).
+  exactly R positions (padded, attention in fixed key blocks; `rollout.verify`), so a forward's
+  logits do not depend on how many of its positions are real. That lets `speculation` verify
+  up to R - 1 draft tokens per forward exactly: a draft is kept iff it equals the token the
+  request's generator draws there, the first mismatch's draw is kept, one draw per emitted
+  token, so the tokens and the generator state are those of decoding one token at a time
+  (docs/speculative.md).
 """
 
 from __future__ import annotations

@@ -8,11 +8,12 @@ kernel rounds differently by query length (measured: docs/speculative.md).
 
 The route taken here: every forward of a request, speculative or not, prompt chunk or decode
 step, feeds exactly `rows` positions (the real tokens, then padding that repeats the last one;
-the cache is cropped back to the real tokens afterwards), with eager attention (plain matmul +
-softmax). Causal masking keeps the real rows blind to the padding, and past two small-shape
-regimes (`MIN_ROWS`, `MIN_KEYS`) each row's arithmetic is the same whatever the other rows hold
-and however many masked keys follow: measured bitwise on the tiny Qwen2 and on SmolLM2-135M, at
-any split of a sequence into chunks of 1..rows tokens (tests/unit/test_engine_speculative.py).
+the cache is cropped back to the real tokens afterwards), with attention computed in fixed
+blocks of keys (`fixed_block_attention`). Causal masking keeps the real rows blind to the
+padding, and past two small-shape regimes (`MIN_ROWS`, `MIN_KEYS`) each row's arithmetic is the
+same whatever the other rows hold and however many masked keys follow: measured bitwise at any
+split of a sequence into chunks of 1..rows tokens, up to 1200 positions
+(tests/unit/test_engine_speculative.py; docs/speculative.md has the measurements).
 """
 
 from __future__ import annotations
