@@ -3,7 +3,8 @@ with speculation off and on side by side in one process (one torch thread, as on
 
 Three engines over the same weights serve the same requests, one request at a time (a lightly
 loaded engine, as in the rollout's tail), in turns: `base` (one-token forwards, today's default),
-`off` (fixed-row forwards, speculation off) and `on` (the same forwards, speculation on). The
+`off` (fixed-row forwards, speculation off) and `on` (the same forwards, speculation on), one
+engine iteration of each in turn, so that all three see the same load. The
 requests of a prompt run one after another, so later samples see their finished siblings' text
 (the drafter's situation in the tail). Reported: tokens/s per engine over every request and over
 the longest quarter (the tail), accepted draft tokens per verify iteration, and whether `on`
@@ -47,11 +48,25 @@ def _engines(cfg: Any, rows: int, settings: Any) -> dict[str, Any]:
     return {"base": make(0, None), "off": make(rows, None), "on": make(rows, settings)}
 
 
-def _serve(engine: Any, spec: Any) -> tuple[Any, float]:
-    engine.add(spec)
-    t0 = time.perf_counter()
-    done = engine.run(max_s=3600.0, until_empty=True)
-    return done[0], time.perf_counter() - t0
+def _serve(engines: dict[str, Any], spec: Any) -> dict[str, tuple[Any, float, int]]:
+    """Serve `spec` on every engine, one engine iteration of each in turn (so all of them see
+    the same load of the shared machine); per engine: completion, seconds, forwards."""
+    out: dict[str, tuple[Any, float, int]] = {}
+    busy = {name: 0.0 for name in engines}
+    forwards = dict.fromkeys(engines, 0)
+    for engine in engines.values():
+        engine.add(spec)
+    while len(out) < len(engines):
+        for name, engine in engines.items():
+            if name in out:
+                continue
+            t0 = time.perf_counter()
+            done = engine.step()
+            busy[name] += time.perf_counter() - t0
+            forwards[name] += 1
+            if done:
+                out[name] = (done[0], busy[name], forwards[name])
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,17 +91,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for s in range(args.samples):
             spec = RequestSpec(0, p.id, s, 0, p.tokens, args.max_new_tokens,
                                request_seed(cfg.run.seed, 0, p.id, s), args.temperature)
-            out = {name: _serve(engine, spec) for name, engine in engines.items()}
+            out = _serve(engines, spec)
             exact = (out["on"][0].tokens == out["off"][0].tokens
                      and out["on"][0].logprobs == out["off"][0].logprobs)
             rows.append({"prompt": p.id, "sample": s, "tokens": len(out["off"][0].tokens),
-                         "exact": exact, **{f"{n}_s": o[1] for n, o in out.items()}})
+                         "exact": exact, **{f"{n}_s": o[1] for n, o in out.items()},
+                         **{f"{n}_forwards": o[2] for n, o in out.items()}})
             print(f"prompt {p.id} sample {s}: {rows[-1]}", flush=True)
     return _summarise(rows, engines["on"].speculation.stats, args)
 
 
 def _rate(rows: list[dict[str, Any]], name: str) -> float:
     return sum(r["tokens"] for r in rows) / sum(r[f"{name}_s"] for r in rows)
+
+
+def _per_forward(rows: list[dict[str, Any]], name: str) -> float:
+    return sum(r["tokens"] for r in rows) / sum(r[f"{name}_forwards"] for r in rows)
 
 
 def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
@@ -102,6 +122,8 @@ def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
         "all_exact": all(r["exact"] for r in rows),
         "tokens_per_s": {n: _rate(rows, n) for n in ("base", "off", "on")},
         "tail_tokens_per_s": {n: _rate(tail, n) for n in ("base", "off", "on")},
+        "tokens_per_forward": {n: _per_forward(rows, n) for n in ("base", "off", "on")},
+        "tail_tokens_per_forward": {n: _per_forward(tail, n) for n in ("base", "off", "on")},
         "accepted_histogram": hist,
         "verify_iterations": iters,
         "mean_accepted_per_verify": stats.num_accepted_tokens / iters if iters else 0.0,
@@ -124,6 +146,10 @@ def format_block(r: dict[str, Any]) -> str:
         f"| one-token forwards (default) | {t['base']:.2f} | {tt['base']:.2f} |",
         f"| fixed-row forwards, speculation off | {t['off']:.2f} | {tt['off']:.2f} |",
         f"| fixed-row forwards, speculation on | {t['on']:.2f} | {tt['on']:.2f} |",
+        "",
+        f"Tokens per forward (the speed-up free of the machine's load; a forward costs the "
+        f"same with and without drafts): on {r['tokens_per_forward']['on']:.2f}, tail "
+        f"{r['tail_tokens_per_forward']['on']:.2f}.",
         "",
         f"Speculation on / off: **{t['on'] / t['off']:.2f}x** over all requests, "
         f"**{tt['on'] / tt['off']:.2f}x** on the tail; against the default one-token forwards "
