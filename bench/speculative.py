@@ -96,17 +96,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      and out["on"][0].logprobs == out["off"][0].logprobs)
             rows.append({"prompt": p.id, "sample": s, "tokens": len(out["off"][0].tokens),
                          "exact": exact, **{f"{n}_s": o[1] for n, o in out.items()},
-                         **{f"{n}_forwards": o[2] for n, o in out.items()}})
+                         **{f"{n}_forwards": o[2] for n, o in out.items()},
+                         **{f"{n}_tokens": len(o[0].tokens) for n, o in out.items()}})
             print(f"prompt {p.id} sample {s}: {rows[-1]}", flush=True)
     return _summarise(rows, engines["on"].speculation.stats, args)
 
 
 def _rate(rows: list[dict[str, Any]], name: str) -> float:
-    return sum(r["tokens"] for r in rows) / sum(r[f"{name}_s"] for r in rows)
+    """Tokens per second of engine `name` (`base` rounds differently: its own token counts)."""
+    return sum(r[f"{name}_tokens"] for r in rows) / sum(r[f"{name}_s"] for r in rows)
 
 
 def _per_forward(rows: list[dict[str, Any]], name: str) -> float:
-    return sum(r["tokens"] for r in rows) / sum(r[f"{name}_forwards"] for r in rows)
+    return sum(r[f"{name}_tokens"] for r in rows) / sum(r[f"{name}_forwards"] for r in rows)
 
 
 def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
