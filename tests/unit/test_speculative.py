@@ -112,3 +112,15 @@ def test_speculation_drafts_within_budget_and_counts():
     assert (stats.num_verify_iterations, stats.num_draft_tokens, stats.num_accepted_tokens) == (
         3, 8, 4)
     assert stats.accepted_histogram == {2: 2, 0: 1}
+
+
+def test_groups_of_earlier_steps_are_forgotten_once_finished():
+    pool = DraftPool(("siblings",), min_ngram=2, max_ngram=2)
+    pool.start((0, 0, 0), (5, 6), [1, 2, 3])
+    pool.finish((0, 0, 0), 1)
+    pool.start((0, 1, 0), (5, 6), [1, 2, 3])  # still running: its group stays
+    pool.start((1, 0, 0), (5, 6), [1, 2])
+    assert pool.finished_lengths((0, 0, 1)) == []
+    assert pool.propose((0, 1, 0), 1) == []  # only itself in its group
+    pool.start((0, 1, 1), (5, 6), [1, 2])
+    assert pool.propose((0, 1, 1), 1) == [3]

@@ -121,7 +121,9 @@ class DraftPool:
         self._prompt_of: dict[Key, tuple[int, ...]] = {}
 
     def start(self, key: Key, prompt_tokens: tuple[int, ...], generated: list[int]) -> None:
-        """Register a request admitted with `generated` tokens so far."""
+        """Register a request admitted with `generated` tokens so far (and forget the finished
+        groups of earlier steps: bounded memory over a run)."""
+        self.end_step(key[0])
         index = NgramIndex([*prompt_tokens, *generated], self.min_ngram, self.max_ngram)
         self._own[key] = index
         self._prompt_of[key] = tuple(prompt_tokens)
