@@ -31,6 +31,7 @@ from dynaresize.config.schema import (
     ResizeEntry,
 )
 from dynaresize.model_sources import SOURCES, missing_requirement
+from dynaresize.rollout.speculative import DRAFTERS, MIN_ROWS
 
 # ----------------------------------------------------------------------------- validation
 
@@ -142,6 +143,7 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     _one_of("rollout.tail_policy", cfg.rollout.tail_policy, TAIL_POLICIES)
     _positive("rollout.vllm_kv_cache_bytes", cfg.rollout.vllm_kv_cache_bytes)
+    _validate_speculative(cfg)
     _positive("train.lr", m.lr)
     _non_negative("train.weight_decay", m.weight_decay)
     _positive("train.micro_batch_size", m.micro_batch_size)
@@ -336,3 +338,34 @@ def schedule_order(cfg: Config) -> list[ResizeEntry]:
     """Forced resizes in the order they apply: by step, then 'start' first, then by F."""
     indexed = list(enumerate(cfg.resize.schedule))
     return [e for _, e in sorted(indexed, key=lambda ie: (ie[1].step, ie[1].fraction, ie[0]))]
+
+
+def _validate_speculative(cfg: Config) -> None:
+    """[rollout.speculative]: fixed-row forwards on the builtin batch-invariant engine."""
+    sp, name = cfg.rollout.speculative, "rollout.speculative"
+    if sp.forward_rows and sp.forward_rows < MIN_ROWS:
+        raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
+                          f"0 (off) or >= {MIN_ROWS} (fewer rows run other CPU kernels)")
+    if sp.forward_rows and (cfg.rollout.engine != "builtin" or not cfg.rollout.batch_invariant):
+        raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
+                          "needs rollout.engine = 'builtin' and rollout.batch_invariant = true "
+                          "(or 0)")
+    for key in ("full_batch", "long_tokens", "history_prompts", "history_responses"):
+        _non_negative(f"{name}.{key}", getattr(sp, key))
+    _positive(f"{name}.min_ngram", sp.min_ngram)
+    if sp.max_ngram < sp.min_ngram:
+        raise ConfigError(f"{name}.max_ngram", sp.max_ngram,
+                          f"must be >= {name}.min_ngram = {sp.min_ngram}")
+    drafters = [d.strip() for d in sp.drafters.split(",")]
+    if not all(d in DRAFTERS for d in drafters) or len(set(drafters)) != len(drafters):
+        raise ConfigError(f"{name}.drafters", sp.drafters,
+                          f"a comma-separated subset of {', '.join(DRAFTERS)}")
+    if not sp.enabled:
+        return
+    if not sp.forward_rows:
+        raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
+                          f"{name}.enabled needs >= {MIN_ROWS} (e.g. 8; set the same value with "
+                          f"speculation off to compare samples)")
+    if not 1 <= sp.max_draft_tokens < sp.forward_rows:
+        raise ConfigError(f"{name}.max_draft_tokens", sp.max_draft_tokens,
+                          f"must be in [1, {name}.forward_rows - 1 = {sp.forward_rows - 1}]")

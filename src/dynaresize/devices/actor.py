@@ -110,6 +110,7 @@ class DeviceActor:
 
     def _build_engine(self, blank: bool = False) -> None:
         from dynaresize.rollout.engine import RolloutEngine
+        from dynaresize.rollout.speculative import settings_from_config
 
         self._drop_engine()
         settings = self._settings()
@@ -129,7 +130,9 @@ class DeviceActor:
                                     max_running=rollout.max_running_requests,
                                     batch_invariant=rollout.batch_invariant,
                                     torch_device=self.torch_device,
-                                    whole_prompt_prefill=rollout.whole_prompt_prefill)
+                                    whole_prompt_prefill=rollout.whole_prompt_prefill,
+                                    forward_rows=rollout.speculative.forward_rows,
+                                    speculation=settings_from_config(rollout.speculative))
 
     def _settings(self) -> DeviceSettings:
         assert self.settings is not None, "configure() first"

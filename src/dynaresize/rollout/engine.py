@@ -24,6 +24,13 @@ Determinism, by construction:
 * `batch_invariant=False`: one full-sequence prefill per admitted request and one left-padded
   batched forward per decode iteration (caches stay per request and are padded into a batch each
   iteration). Log-probs are still exact up to float rounding, but tokens may differ by batch.
+* `forward_rows=R` (batch-invariant mode, `rollout.speculative.forward_rows`): every forward feeds
+  exactly R positions (padded, attention in fixed key blocks; `rollout.verify`), so a forward's
+  logits do not depend on how many of its positions are real. That lets `speculation` verify
+  up to R - 1 draft tokens per forward exactly: a draft is kept iff it equals the token the
+  request's generator draws there, the first mismatch's draw is kept, one draw per emitted
+  token, so the tokens and the generator state are those of decoding one token at a time
+  (docs/speculative.md).
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ from transformers import DynamicCache
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.rollout.engine_base import EngineBase, EngineStats
+from dynaresize.rollout.speculative import Speculation, SpeculationSettings
+from dynaresize.rollout.verify import (
+    crop_rejected,
+    fixed_rows_forward,
+    fixed_rows_prefill,
+    use_row_invariant_attention,
+)
 
 __all__ = ["EngineStats", "RolloutEngine", "sample_token"]
 
@@ -81,11 +95,19 @@ class RolloutEngine(EngineBase):
 
     def __init__(self, model: torch.nn.Module, *, eos_token_id: int, device_index: int,
                  max_running: int = 32, batch_invariant: bool = True,
-                 torch_device: str = "cpu", whole_prompt_prefill: bool = False) -> None:
+                 torch_device: str = "cpu", whole_prompt_prefill: bool = False,
+                 forward_rows: int = 0, speculation: SpeculationSettings | None = None) -> None:
         """Take ownership of `model` (a transformers causal LM accepting `cache=`): it is moved to
-        `torch_device`, put in eval mode and frozen. `device_index` is stamped on completions."""
+        `torch_device`, put in eval mode and frozen. `device_index` is stamped on completions.
+        `forward_rows` > 0: fixed-row forwards; `speculation`: draft and verify (needs them)."""
         super().__init__(eos_token_id=eos_token_id, device_index=device_index,
                          max_running=max_running)
+        if forward_rows < 0 or (forward_rows and not batch_invariant):
+            raise ValueError(f"forward_rows = {forward_rows}: must be >= 0, and 0 unless "
+                             f"batch_invariant")
+        if speculation is not None and not 1 <= speculation.max_draft_tokens < forward_rows:
+            raise ValueError(f"speculation needs 1 <= max_draft_tokens < forward_rows, got "
+                             f"{speculation.max_draft_tokens} and {forward_rows}")
         self.model = model.to(torch_device).eval().requires_grad_(False)
         # transformers >= 5.20 names the KV cache argument `cache`, earlier 5.x (the 5.19 that
         # vLLM 0.32 pins) `past_key_values`; an unknown name would be ignored silently
@@ -94,6 +116,11 @@ class RolloutEngine(EngineBase):
         self.batch_invariant = batch_invariant
         self.whole_prompt_prefill = whole_prompt_prefill
         self.torch_device = torch.device(torch_device)
+        self.forward_rows = forward_rows
+        if forward_rows:
+            use_row_invariant_attention(self.model)
+        self.speculation = Speculation(speculation) if speculation is not None else None
+        """Drafting state and acceptance counters (None: speculation off)."""
         self._running: list[_Running] = []
 
     def _active(self) -> Collection[_Running]:
@@ -115,6 +142,9 @@ class RolloutEngine(EngineBase):
                                logprobs=list(r.logprobs),
                                rng_state=r.generator.get_state().numpy().tobytes())
                for r in self._running]
+        if self.speculation is not None:
+            for r in self._running:
+                self.speculation.pool.remove(r.spec.key)
         out.extend(self._waiting)
         self._running.clear()
         self._waiting.clear()
@@ -131,14 +161,17 @@ class RolloutEngine(EngineBase):
             while self._waiting and len(self._running) < self.max_running:
                 self._running.append(self._admit(self._waiting[0]))
                 self._waiting.popleft()
-            if self.batch_invariant:
+            if self.forward_rows:
+                logits = [None] * len(self._running)
+            elif self.batch_invariant:
                 logits = [self._forward(r.cache, [r.next_input]) for r in self._running]
             else:
                 logits = self._forward_batched(self._running)
             finished: list[Completion] = []
             still_running: list[_Running] = []
             for req, req_logits in zip(self._running, logits, strict=True):
-                done = self._sample(req, req_logits)
+                done = (self._decode_rows(req) if req_logits is None
+                        else self._sample(req, req_logits))
                 if done is None:
                     still_running.append(req)
                 else:
@@ -170,12 +203,48 @@ class RolloutEngine(EngineBase):
             if self.whole_prompt_prefill and len(spec.prompt_tokens) > 2:
                 self._forward(req.cache, list(spec.prompt_tokens[:-1]))
                 rest = context[len(spec.prompt_tokens) - 1:-1]
+            if self.forward_rows:
+                fixed_rows_prefill(self.model, req.cache, rest, self.forward_rows,
+                                   cache_arg=self._cache_arg, device=self.torch_device)
+                rest = []
             for token in rest:
                 self._forward(req.cache, [token])
         elif len(context) > 1:
             self._forward(req.cache, context[:-1])
         self.stats.num_prefill_tokens += len(context) - 1
+        if self.speculation is not None:
+            self.speculation.pool.start(spec.key, spec.prompt_tokens, req.generated)
         return req
+
+    def _decode_rows(self, req: _Running) -> Completion | None:
+        """One fixed-row forward of `req`: its next input plus any draft tokens; sample row by
+        row while the drafts match (one generator draw per emitted token), keep the cache of the
+        emitted tokens only. Return a Completion if `req` stopped."""
+        spec, spec_state = req.spec, self.speculation
+        drafts = [] if spec_state is None else spec_state.drafts(
+            spec.key, num_generated=len(req.generated), max_new_tokens=spec.max_new_tokens,
+            num_running=len(self._running))
+        logits = fixed_rows_forward(self.model, req.cache, [req.next_input, *drafts],
+                                    self.forward_rows, cache_arg=self._cache_arg,
+                                    device=self.torch_device)
+        start = len(req.generated)
+        done = None
+        for row in range(len(drafts) + 1):
+            done = self._sample(req, logits[row])
+            if done is not None or row == len(drafts) or req.next_input != drafts[row]:
+                break
+        emitted = req.generated[start:]
+        if spec_state is not None:
+            if drafts:
+                accepted = next((i for i, (a, b) in enumerate(zip(emitted, drafts))
+                                 if a != b), min(len(emitted), len(drafts)))
+                spec_state.stats.record(len(drafts), accepted)
+            if done is None:
+                spec_state.pool.extend(spec.key, emitted)
+            else:
+                spec_state.pool.finish(spec.key, len(req.generated))
+        crop_rejected(req.cache, len(drafts) + 1, len(emitted))
+        return done
 
     def _forward(self, cache: DynamicCache, tokens: list[int]) -> torch.Tensor:
         """Feed `tokens` (batch 1) after the tokens already in `cache`; return the last logits."""
