@@ -132,9 +132,10 @@ class Recovery:
         """RolloutRun's hook: True (device gone, its requests rerun) or False (a real error)."""
         if self.is_alive(device.index):
             return False
-        self._fence(device.index, f"{type(exc).__name__} during rollout")
-        run = self.engines.run
-        self.records[-1]["rerun_requests"] = run.num_rerun if run is not None else 0
+        if device.index not in self.lost:
+            self._fence(device.index, f"{type(exc).__name__} during rollout")
+            run = self.engines.run
+            self.records[-1]["rerun_requests"] = run.num_rerun if run is not None else 0
         return True
 
     def find_dead(self, how: str) -> bool:
@@ -146,9 +147,23 @@ class Recovery:
 
     # ------------------------------------------------------------------ repair
     async def repair(self) -> None:
-        """At an optimizer-step boundary (train lock held): world, trainers, rollout pool."""
-        if not self.world_stale:
-            return
+        """At an optimizer-step boundary (train lock held): world, trainers, rollout pool.
+        A device that dies during the repair (world rebuild, restore, replay, reloading an
+        engine) is fenced too and the repair starts over on the new survivors."""
+        for _ in range(len(self.state.devices)):
+            if not self.world_stale:
+                return
+            num_lost = len(self.lost)
+            try:
+                await self._repair_once()
+            except Exception:  # a device lost during this attempt (fenced here or already)?
+                self.find_dead("died during recovery")
+                if len(self.lost) == num_lost:
+                    raise
+        if self.world_stale:
+            raise RuntimeError(f"recovery gave up: devices {self.lost} died")
+
+    async def _repair_once(self) -> None:
         state = self.state
         if not state.allocation.train or not state.allocation.rollout:
             raise RuntimeError(f"device deaths {self.lost} left "

@@ -56,6 +56,24 @@ class TrainLoop:
         self.evaluator = evaluator
         """Held-out evaluation (`evaluation.Evaluator`): its results join the step's record."""
 
+    async def _checkpoint(self, step: int) -> None:
+        """The checkpoint after `step` (train lock held). The save is a collective of the
+        training group: a rank may die inside it. Then that save is no recovery point: the
+        repair restores the last complete one, replays up to this step from the retained
+        samples, and the save is taken again (also after the run's last step)."""
+        recovery = self.recovery
+        for _ in range(len(self.state.devices)):
+            try:
+                train_path = await self.checkpointer.save(step + 1)
+            except Exception:
+                if not recovery.find_dead(f"died in the checkpoint after step {step}"):
+                    raise
+                await recovery.repair()
+            else:
+                recovery.checkpointed(step + 1, train_path)
+                return
+        raise RuntimeError(f"the checkpoint after step {step} failed on every try")
+
     async def run(self) -> None:
         """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
         cfg, state, board, recovery = self.cfg, self.state, self.board, self.recovery
@@ -97,15 +115,8 @@ class TrainLoop:
                 recovery.retain(step, got)
                 if self.checkpointer.due(step + 1):
                     await state.versions.publish(step + 1, handles[0])
-                    try:  # a collective of the training group: a rank may die inside it
-                        train_path = await self.checkpointer.save(step + 1)
-                    except Exception:
-                        if not recovery.find_dead(f"died in the checkpoint after step {step}"):
-                            raise
-                        # no recovery point here: the next step's repair restores the last
-                        # complete one and replays this step from its retained samples
-                    else:
-                        recovery.checkpointed(step + 1, train_path)
+                    await self._checkpoint(step)
+                    trainers = state.train_devices()
             for d in trainers:
                 if stream is None:  # streaming wrote one event per micro-batch
                     self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)

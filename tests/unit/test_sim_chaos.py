@@ -1,0 +1,73 @@
+"""The twin's chaos campaign (`sim.chaos`): random deaths at 1024 simulated GPUs, and the
+recovery bugs its trials found, each pinned as a trial of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynaresize.sim.chaos import PHASES, Death, Trial, Variant, draw_trial
+from dynaresize.sim.chaos_campaign import GPUS, ROLLOUT, STEPS, Campaign
+
+TRAINERS = GPUS - ROLLOUT
+
+
+@pytest.fixture(scope="module")
+def campaign() -> Campaign:
+    return Campaign()
+
+
+def survived(row: dict) -> bool:
+    assert row["finished"], row.get("error")
+    assert (row["lost"], row["duplicated"], row["wrong_version"], row["changed"]) == (0, 0, 0, 0)
+    assert row["metrics_ok"] and row["params_ok"]
+    return bool(row["survived"])
+
+
+def test_draws_are_seeded_and_valid() -> None:
+    counts = {p: 100 for p in PHASES}
+    a, b = draw_trial(7, lambda v: counts), draw_trial(7, lambda v: counts)
+    assert a == b and 1 <= len(a.deaths) <= 3
+    for seed in range(50):
+        t = draw_trial(seed, lambda v: counts)
+        first = t.deaths[0]
+        assert first.phase in PHASES and first.phase != "recovery" and first.after is None
+        if first.phase == "stream":
+            assert t.variant.policy == "hysteresis"
+        if first.phase == "checkpoint":
+            assert t.variant.checkpoint_every >= 1
+        if first.phase == "resize":
+            assert t.variant.resize
+
+
+def test_random_trials_survive(campaign: Campaign) -> None:
+    rows = [campaign.trial(seed) for seed in range(3)]
+    assert all(survived(r) for r in rows)
+    assert all(r["killed"] for r in rows)
+
+
+def test_engine_dies_while_loading_weights(campaign: Campaign) -> None:
+    """Found by the campaign: a rollout device lost in `EnginePool.load_version` failed the
+    run (no recovery hook there); now it is fenced and its share reruns elsewhere."""
+    row = campaign.run(Trial(1, Variant("static", 1, 0), (Death("load_weights", 3, 0.001,
+                                                                "caller"),)))
+    assert row["killed"] and survived(row)
+
+
+def test_death_inside_the_final_checkpoint_save(campaign: Campaign) -> None:
+    """Found by the campaign: a rank lost inside the last step's save left the run without
+    its final checkpoint; now the repair restores, replays and the save is taken again."""
+    last_save = (STEPS - 1) * TRAINERS  # the first rank's call of the 4th save
+    row = campaign.run(Trial(2, Variant("static", 1, 1), (Death("save_checkpoint", last_save,
+                                                                0.001, "caller"),)))
+    assert row["killed"] and row["final_checkpoint_ok"] and survived(row)
+
+
+@pytest.mark.parametrize("victim", ["train", "rollout"])
+def test_death_inside_the_world_rebuild(campaign: Campaign, victim: str) -> None:
+    """Found by the campaign: a device lost during `Recovery.repair`'s world rebuild failed
+    the run (also when the rollout had fenced it first); now the repair starts over."""
+    deaths = (Death("train_step", TRAINERS + 5, 0.01, "caller"),
+              Death("rebuild_world", 17, 0.01, victim, after=0))
+    row = campaign.run(Trial(3, Variant("static", 0, 1), deaths))
+    assert len(row["killed"]) == 2 and survived(row)
+    assert row["num_recoveries"] == 2
