@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dynaresize.config import Config, ConfigError, load_config, to_toml
 from dynaresize.control.registry import check_policy
+from dynaresize.core.rundir import CheckpointWriteError
 
 EXIT_USAGE = 2
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, CheckpointWriteError) as exc:
         print(f"dynaresize {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

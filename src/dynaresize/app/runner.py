@@ -65,7 +65,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)
-    resume_from = read_latest(out_dir) if resume else None
+    resume_from = read_latest(out_dir, progress.message) if resume else None
     if resume_from is not None:
         num_done = resume_from[1].num_steps
         cfg.resize.schedule = [e for e in cfg.resize.schedule if e.step >= num_done]

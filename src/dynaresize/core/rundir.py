@@ -20,6 +20,12 @@ SUMMARY_KEYS = ("wall_s", "steps", "samples_per_s", "tokens_per_s", "bubble_frac
                 "num_resizes", "final_reward", "param_sum", "param_sha256")
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, I/O error): names the file; the run
+    stops (exit 2) and every checkpoint that was complete before stays as it was
+    (`orchestrator.checkpoint`)."""
+
+
 class RunDir:
     """Append-only writer of one run's records. `path=None` keeps records in memory only."""
 

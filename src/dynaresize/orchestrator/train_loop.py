@@ -65,9 +65,9 @@ class TrainLoop:
         for _ in range(len(self.state.devices)):
             try:
                 train_path = await self.checkpointer.save(step + 1)
-            except Exception:
+            except Exception as exc:
                 if not recovery.find_dead(f"died in the checkpoint after step {step}"):
-                    raise
+                    raise self.checkpointer.write_error(step + 1, exc) from exc
                 await recovery.repair()
             else:
                 recovery.checkpointed(step + 1, train_path)
