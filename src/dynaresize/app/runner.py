@@ -97,7 +97,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         task = make_task(cfg)
         # issue 18: metric sinks and held-out evaluation (evaluation.worker: its own Ray actor)
         rundir.sinks = make_sinks(cfg, rundir.path, progress.message)
-        evaluator = start_ray_evaluator(cfg, rundir.eval_result)
+        evaluator = start_ray_evaluator(cfg, rundir.eval_result, progress.message)
 
         def on_step(record: dict[str, Any]) -> None:
             progress.step(record)
@@ -123,6 +123,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         progress.close()
         summary.update(nodes=pool.num_nodes,
                        device_nodes=[pool.node_of[i] for i in range(pool.num_devices)])
+        if evaluator is not None and evaluator.skipped:
+            summary.update(eval_skipped=list(evaluator.skipped))
         if evaluator is not None and evaluator.results:  # first and last held-out accuracy
             evals = [evaluator.results[v] for v in sorted(evaluator.results)]
             summary.update(eval_accuracy_first=evals[0]["eval_accuracy"],
