@@ -71,3 +71,16 @@ def test_death_inside_the_world_rebuild(campaign: Campaign, victim: str) -> None
     row = campaign.run(Trial(3, Variant("static", 0, 1), deaths))
     assert len(row["killed"]) == 2 and survived(row)
     assert row["num_recoveries"] == 2
+
+
+def test_death_as_a_resize_stops_engines(campaign: Campaign) -> None:
+    """Found by the campaign (trial 162): an idle rollout engine died unnoticed; the next
+    resize stopped 424 engines and met the dead one in its export. Cancelling the resize's
+    other ops cancelled the engines' serving tasks too (`stop_admission` awaited them
+    unshielded): 122 requests were never finished and the run hung. Now the serving tasks
+    survive, the rollback hands every stopped engine's requests back, and recovery drops the
+    dead engine from the run."""
+    deaths = (Death("stream", 178, 1.3314472206467773, "rollout"),
+              Death("stream", 46, 1.9627091875224576, "train"))
+    row = campaign.run(Trial(162, Variant("hysteresis", 1, 1), deaths))
+    assert len(row["killed"]) == 2 and survived(row)

@@ -187,6 +187,14 @@ class EnginePool:
         it; True) or an error (False: it propagates). Default: every error propagates."""
         self._lost_handler = handler
 
+    def drop_lost(self, device: Device, exc: BaseException) -> None:
+        """A dead rollout device (fenced by recovery) leaves every run still holding it; its
+        requests rerun on the others (a resize may have stopped it and met its death in
+        `export_inflight`, before handing its requests back)."""
+        for run in (self.run, self.tail_run):
+            if run is not None:
+                run.drop_lost(device, exc)
+
     async def _load_or_lose(self, device: Device, version: int, handle: WeightHandle) -> bool:
         """Load `version` on `device`; False if the device died meanwhile (fenced by the
         handler; a run it joins anyway reruns its requests elsewhere, as for any death)."""

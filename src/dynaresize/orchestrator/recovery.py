@@ -126,6 +126,7 @@ class Recovery:
         now = self.clock.now()
         self.records.append({"device": index, "role": role, "how": how, "t_s": now})
         self.rundir.event(now, now, index, "fault", critical=True, role=role, how=how)
+        self.engines.drop_lost(state.devices[index], RuntimeError(f"device {index} {how}"))
 
     # ------------------------------------------------------------------ detection
     def on_rollout_lost(self, device: Any, exc: BaseException) -> bool:

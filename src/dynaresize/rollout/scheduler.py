@@ -171,7 +171,9 @@ class RolloutRun(HandOff):
         slot.leaving = True
         slot.wake.set()
         assert slot.task is not None
-        await slot.task
+        # shielded: a caller cancelled meanwhile (a resize rolling back because another of
+        # its ops failed) must not cancel the device's serving task with its requests
+        await asyncio.shield(slot.task)
 
     def requeue(self, device: Device, exported: list[Work]) -> None:
         """Put a leaving device's unfinished work (exported + never submitted) back in front."""
@@ -179,6 +181,13 @@ class RolloutRun(HandOff):
         work = list(exported) + (slot.pending if slot is not None else [])
         self.queue.extendleft(reversed(work))
         self._dispatch()
+
+    def drop_lost(self, device: Device, exc: BaseException) -> None:
+        """`device` died outside this run's own calls (e.g. in a resize's export after its
+        `stop_admission`): what it held reruns elsewhere from scratch, as in `_lose`."""
+        slot = self._slots.get(device.index)
+        if slot is not None and self.on_device_lost is not None:
+            self._lose(slot, exc)
 
     def close(self) -> None:
         """Drop the callbacks and device slots once the run has ended and its results are
