@@ -84,3 +84,22 @@ def test_death_as_a_resize_stops_engines(campaign: Campaign) -> None:
               Death("stream", 46, 1.9627091875224576, "train"))
     row = campaign.run(Trial(162, Variant("hysteresis", 1, 1), deaths))
     assert len(row["killed"]) == 2 and survived(row)
+
+
+def test_rollout_engine_dies_during_a_resize_that_commits(campaign: Campaign) -> None:
+    """Found by the campaign (trial 265): a rollout engine died while a train->rollout resize
+    ran; the resize committed, but the repair rebuilt the world on the old allocation (the
+    new one was installed after it) and failed. Now the target (minus the dead) is installed
+    first."""
+    row = campaign.run(Trial(265, Variant("static", 1, 1, "train->rollout"),
+                             (Death("resize", 1084, 0.03636662463639939, "rollout"),)))
+    assert row["killed"] and survived(row)
+
+
+def test_device_dies_after_the_commit_of_a_resize(campaign: Campaign) -> None:
+    """A device leaving training dies in `drop_trainer`, after the resize's commit (a documented
+    limit before: the executor re-raised and the run failed). The new group is in charge: the
+    target allocation is installed, the dead device fenced, the world rebuilt."""
+    row = campaign.run(Trial(4, Variant("static", 1, 1, "train->rollout"),
+                             (Death("drop_trainer", 3, 0.0001, "caller"),)))
+    assert row["killed"] and survived(row)

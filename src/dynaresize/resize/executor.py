@@ -53,6 +53,15 @@ class ResizeReport:
     """Until the new training group holds its state (`commit`)."""
 
 
+class CommittedResizeError(RuntimeError):
+    """An op failed after the resize's commit: the new training group is in charge (the
+    caller installs the target allocation; `report.ok` stays True), the error is the cause."""
+
+    def __init__(self, report: ResizeReport) -> None:
+        super().__init__(f"resize {report.index} failed after its commit: {report.error}")
+        self.report = report
+
+
 class ResizeExecutor:
     def __init__(self, devices: Sequence[Device], clock: Clock, rundir: RunDir,
                  hooks: ResizeHooks, staging_bytes: int,
@@ -106,8 +115,10 @@ class ResizeExecutor:
             self._exports.clear()  # device died: recovery reruns what it held)
             committed = any(op.kind == "commit" and op.id in report.durations_s
                             for op in plan.ops)
-            if committed:  # past the point of no return: the caller must see it
-                raise
+            if committed:  # past the point of no return: the new group is in charge
+                report.error = f"{type(exc).__name__}: {exc}"[:300]
+                report.t_end = self.clock.now()
+                raise CommittedResizeError(report) from exc
             report.ok = False
             report.error = f"{type(exc).__name__}: {exc}"
             await self._rollback(plan)

@@ -35,7 +35,7 @@ PHASES: dict[str, tuple[str, ...]] = {
     "optimizer": ("train_step", "train_finish"),
     "weight_sync": ("publish_weights", "load_weights"),
     "resize": ("export_inflight", "release_kv", "join_group", "reshard",
-               "commit_train_group", "alloc_kv"),
+               "commit_train_group", "alloc_kv", "drop_trainer", "release_rollout_weights"),
     "checkpoint": ("save_checkpoint",),
     "recovery": ("rebuild_world", "load_checkpoint"),
 }
