@@ -27,7 +27,11 @@ def _default_out(kind: str) -> str:
 
 def _resume_config(args: argparse.Namespace) -> Config:
     """The run's own config.toml plus `--set` overrides; refuse what a resume cannot change."""
-    from dynaresize.orchestrator.checkpoint_files import read_latest, resume_overrides_ok
+    from dynaresize.orchestrator.checkpoint_files import (
+        read_latest,
+        resume_overrides_ok,
+        started_without_checkpoint,
+    )
 
     if args.config or args.out:
         raise UsageError("--resume DIR continues DIR with its own config.toml; "
@@ -35,7 +39,8 @@ def _resume_config(args: argparse.Namespace) -> Config:
     try:
         read_latest(args.resume)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        if not started_without_checkpoint(args.resume):  # else: it starts over
+            raise UsageError(str(exc)) from None
     path = Path(args.resume) / "config.toml"
     base = load_config(path, [], check_machine=False)
     cfg = load_config(path, args.set or [], check_machine=not args.address)

@@ -47,3 +47,14 @@ def test_session_pids_finds_this_session() -> None:
     from dynaresize.app.driver_kill import session_pids
 
     assert os.getpid() in session_pids(os.getsid(0))
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path: Path) -> None:
+    from dynaresize.orchestrator.checkpoint_files import started_without_checkpoint
+
+    assert not started_without_checkpoint(tmp_path)  # no config.toml: not a run directory
+    (tmp_path / "config.toml").write_text("")
+    (tmp_path / "checkpoints" / "step-000002").mkdir(parents=True)  # a save cut short
+    assert started_without_checkpoint(tmp_path)
+    (tmp_path / "checkpoints" / "step-000002" / "state.json").write_text("{}")
+    assert not started_without_checkpoint(tmp_path)  # one to resume from (or to refuse)

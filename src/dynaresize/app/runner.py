@@ -60,16 +60,20 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.orchestrator.checkpoint import CheckpointTarget
-    from dynaresize.orchestrator.checkpoint_files import read_latest
+    from dynaresize.orchestrator.checkpoint_files import read_latest, started_without_checkpoint
     from dynaresize.orchestrator.faults import FaultInjector
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)
-    resume_from = read_latest(out_dir, progress.message) if resume else None
-    if resume_from is not None:
+    resume_from = None
+    if resume and started_without_checkpoint(out_dir):  # stopped before its first one
+        progress.message(f"{out_dir}: no checkpoint yet: the run starts over from step 0")
+    elif resume:
+        resume_from = read_latest(out_dir, progress.message)
         num_done = resume_from[1].num_steps
         cfg.resize.schedule = [e for e in cfg.resize.schedule if e.step >= num_done]
-    rundir = RunDir(out_dir, resume_step=resume_from[1].num_steps if resume_from else None)
+    rundir = RunDir(out_dir, resume_step=resume_from[1].num_steps if resume_from else
+                    (0 if resume else None))
     rundir.write_config(to_toml(cfg))
     started_ray = False
     own_pool = pool is None

@@ -37,7 +37,8 @@ from typing import Any
 from dynaresize.core.rundir import CheckpointWriteError
 
 __all__ = ["CheckpointWriteError", "CheckpointState", "read_latest", "read_checkpoint",
-           "manifest", "checkpoint_dir", "resume_overrides_ok"]
+           "manifest", "checkpoint_dir", "resume_overrides_ok",
+           "started_without_checkpoint"]
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
@@ -122,6 +123,15 @@ def sha256_of(file: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def started_without_checkpoint(run_dir: str | os.PathLike[str]) -> bool:
+    """A run directory of a run that stopped (e.g. its driver was killed) before its first
+    checkpoint: its config.toml is there, no checkpoint is. `--resume` starts it over."""
+    root = Path(run_dir)
+    ckpt = root / CKPT_DIR
+    return (root / "config.toml").is_file() and not (ckpt / LATEST).exists() \
+        and not any((p / STATE_FILE).exists() for p in ckpt.glob("step-*"))
 
 
 def read_latest(run_dir: str | os.PathLike[str], warn: Callable[[str], None] | None = None
