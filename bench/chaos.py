@@ -18,47 +18,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-START, END = "<!-- twin-chaos:start -->", "<!-- twin-chaos:end -->"
-COLS = ["trials", "deaths", "survived", "failed", "lost", "duplicated", "wrong_version",
-        "changed", "params_wrong", "final_checkpoint_missing", "recovery_s_median",
-        "recovery_s_max", "replayed_steps"]
-
-
-def markdown(rows: list[dict[str, Any]], cpu_s: float) -> str:
-    from dynaresize.sim.chaos_campaign import table
-
-    lines = ["| first death in | " + " | ".join(COLS) + " |", "|---" * (len(COLS) + 1) + "|"]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault(r["deaths"][0]["phase"], []).append(r)
-        groups.setdefault(f"{len(r['deaths'])} death(s) drawn", []).append(r)
-    for name in sorted(groups, key=lambda n: (n[0].isdigit(), n)):
-        t = table(groups[name])
-        lines.append(f"| {name} | " + " | ".join(str(t[c]) for c in COLS) + " |")
-    t = table(rows)
-    lines.append("| **all** | " + " | ".join(f"**{t[c]}**" for c in COLS) + " |")
-    overlap = sum(any(d["after"] is not None for d in r["deaths"]) for r in rows)
-    return "\n".join([
-        f"`python bench/chaos.py --trials {len(rows)}` (1024 simulated GPUs, 896 rollout / "
-        f"128 train, 4 steps; {cpu_s:.0f} s of CPU on one core, shared machine).",
-        "", *lines, "",
-        f"{overlap} trials had a death inside the recovery of another. `lost`/`duplicated`/"
-        "`wrong_version`/`changed`: samples missing, recorded twice, with another version or "
-        "length than the fault-free run of the same variant; `params_wrong`: a surviving "
-        "trainer whose state does not hold every step once; `recovery_s`: virtual seconds "
-        "per trial (world rebuild + restore + replay), over trials with a recovery."])
-
-
-def write_block(path: Path, block: str) -> None:
-    text = path.read_text()
-    if START in text:
-        head, rest = text.split(START, 1)
-        text = head + START + "\n" + block + "\n" + END + rest.split(END, 1)[1]
-    else:
-        text += f"\n{START}\n{block}\n{END}\n"
-    path.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", help="put the table between the twin-chaos markers here")
     args = parser.parse_args(argv)
 
-    from dynaresize.sim.chaos_campaign import Campaign
+    from dynaresize.sim.chaos_campaign import Campaign, markdown, write_block
 
     campaign, rows = Campaign(), []
     cpu0 = time.process_time()
