@@ -66,9 +66,12 @@ class TrainLoop:
             try:
                 train_path = await self.checkpointer.save(step + 1)
             except Exception as exc:
-                if not recovery.find_dead(f"died in the checkpoint after step {step}"):
+                if recovery.find_dead(f"died in the checkpoint after step {step}"):
+                    await recovery.repair()
+                    continue
+                if isinstance(exc, OSError):  # disk full, I/O error (Ray: its cause's type)
                     raise self.checkpointer.write_error(step + 1, exc) from exc
-                await recovery.repair()
+                raise
             else:
                 recovery.checkpointed(step + 1, train_path)
                 return
