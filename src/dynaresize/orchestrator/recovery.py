@@ -56,6 +56,8 @@ class NullRecovery:
     """Recovery off (a backend that cannot lose devices): every device error propagates."""
 
     enabled = False
+    num_repairs = 0
+    """Always 0 (the same field as `Recovery.num_repairs`)."""
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
@@ -96,6 +98,8 @@ class Recovery:
         self.rundir = rundir
         self.lost: list[int] = []
         self.world_stale = False
+        self.num_repairs = 0
+        """World rebuilds so far: each drops what devices held (e.g. streamed gradients)."""
         self.train_state_lost = False
         self.records: list[dict[str, Any]] = []
         self._retained: dict[int, Any] = {}
@@ -182,6 +186,7 @@ class Recovery:
         await self._serve_again()
         t1 = self.clock.now()
         self.world_stale = self.train_state_lost = False
+        self.num_repairs += 1
         for d in survivors:
             self.rundir.event(t0, t1, d.index, "recovery", critical=True,
                               lost=list(self.lost), replayed_steps=num_replayed,

@@ -83,6 +83,7 @@ class TrainLoop:
         prev_end_s = state.t_start_s
         for step in range(state.start_step, cfg.run.steps):
             stream, holdings = None, Holdings()
+            num_repairs = recovery.num_repairs
             accumulated_s = 0.0
             if self.streaming:
                 stream = await board.stream(step)
@@ -100,6 +101,8 @@ class TrainLoop:
                 while True:  # a device death mid-step: recover, then rerun the step
                     try:
                         await recovery.repair()
+                        if recovery.num_repairs != num_repairs:  # a rebuilt world (e.g.
+                            stream = None  # a rollout death) dropped the held gradients
                         trainers = state.train_devices()
                         if stream is not None:
                             stats, t1, handles, finish_s = await self.streamer.finish(
