@@ -103,3 +103,13 @@ def test_device_dies_after_the_commit_of_a_resize(campaign: Campaign) -> None:
     row = campaign.run(Trial(4, Variant("static", 1, 1, "train->rollout"),
                              (Death("drop_trainer", 3, 0.0001, "caller"),)))
     assert row["killed"] and survived(row)
+
+
+def test_rollout_death_in_a_streamed_step_reruns_it_plainly(campaign: Campaign) -> None:
+    """Found live (bench/chaos_live.py trial 0): a rollout engine died while a step streamed
+    its training; the world rebuild at the boundary dropped the trainers' held gradients and
+    the streamed finish failed. The twin now drops them too (`SimDevice.rebuild_world`);
+    the train loop reruns a step the plain way after any repair since it began."""
+    row = campaign.run(Trial(5, Variant("hysteresis", 1, 0),
+                             (Death("train_accumulate", 3, 0.001, "rollout"),)))
+    assert row["killed"] and survived(row)
