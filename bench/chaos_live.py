@@ -17,6 +17,7 @@ difference, recovery seconds and replayed steps. One Ray cluster and one device 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             variant, kills = draw(seed)
             key = " ".join(v for v in variant if "checkpoint" not in v)
             if key not in refs:
-                ref = root / f"reference-{len(refs)}"
+                ref = root / f"reference-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
                 cfg = load_config(None, [*base, *variant], check_machine=False)
                 tag = ref / "variant.txt"
                 if (ref / "summary.json").exists() and tag.exists() and tag.read_text() == key:
