@@ -13,6 +13,7 @@ from pathlib import Path
 from dynaresize.config import Config, ConfigError, load_config, to_toml
 from dynaresize.config.literal import toml_repr
 from dynaresize.control.registry import check_policy
+from dynaresize.core.rundir import CheckpointWriteError
 from dynaresize.model_sources import missing_requirement
 
 EXIT_USAGE = 2
@@ -28,7 +29,11 @@ def _default_out(kind: str) -> str:
 
 def _resume_config(args: argparse.Namespace) -> Config:
     """The run's own config.toml plus `--set` overrides; refuse what a resume cannot change."""
-    from dynaresize.orchestrator.checkpoint_files import read_latest, resume_overrides_ok
+    from dynaresize.orchestrator.checkpoint_files import (
+        read_latest,
+        resume_overrides_ok,
+        started_without_checkpoint,
+    )
 
     if args.config or args.out:
         raise UsageError("--resume DIR continues DIR with its own config.toml; "
@@ -36,7 +41,8 @@ def _resume_config(args: argparse.Namespace) -> Config:
     try:
         read_latest(args.resume)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        if not started_without_checkpoint(args.resume):  # else: it starts over
+            raise UsageError(str(exc)) from None
     path = Path(args.resume) / "config.toml"
     if not path.is_file():
         raise UsageError(f"--resume {args.resume}: no config.toml in that run directory (a "
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, CheckpointWriteError) as exc:
         print(f"dynaresize {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -62,3 +62,24 @@ def test_evaluator_records_due_versions_and_prefetches_the_next() -> None:
 
 def pytest_fail(version: int) -> None:
     raise AssertionError(f"weights of version {version} are not published yet")
+
+
+def test_a_failed_evaluation_is_skipped_with_a_warning() -> None:
+    """The evaluation worker died (killed, or taken by Ray's memory monitor) and did not come
+    back: that evaluation is skipped, the warning says so, the next ones run."""
+    warnings: list[str] = []
+
+    async def run_eval(version: int, weights: object) -> dict:
+        if version == 2:
+            raise RuntimeError("The actor died unexpectedly (killed by the memory monitor)")
+        return {"eval_accuracy": 0.5, "eval_reward": 0.5}
+
+    async def drive() -> list[dict]:
+        ev = Evaluator(1, 4, run_eval, warn=warnings.append)
+        return [await ev.evaluate(step, lambda v: v) for step in range(4)], ev
+
+    records, ev = asyncio.run(drive())
+    assert [r.get("eval_version") for r in records] == [0, 1, None, 4]
+    assert ev.skipped == [2] and sorted(ev.results) == [0, 1, 4]
+    assert len(warnings) == 1 and "version 2 skipped" in warnings[0]
+    assert "memory monitor" in warnings[0]

@@ -169,6 +169,7 @@ class _DeathsOnly:
     """Recovery stand-in: a rollout device that raises is gone (fenced); nothing else dies."""
 
     enabled = True
+    num_repairs = 0
 
     def __init__(self, faults, state, engines, fence, stepper, clock,  # type: ignore
                  rundir) -> None:

@@ -119,8 +119,22 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_chaos(args: argparse.Namespace) -> int:
+    import time
+
+    from dynaresize.sim.chaos_campaign import Campaign, markdown
+
+    campaign, rows, cpu0 = Campaign(), [], time.process_time()
+    for seed in range(args.first_seed, args.first_seed + args.trials):
+        rows.append(campaign.trial(seed))
+        if not rows[-1]["survived"]:
+            print(f"trial {seed} failed: {rows[-1].get('error', rows[-1])}", file=sys.stderr)
+    print(markdown(rows, time.process_time() - cpu0))
+    return 0 if all(r["survived"] for r in rows) else 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `bench resize` and `bench rollout` to the `dynaresize` command."""
+    """Add `bench resize`, `bench rollout` and `bench chaos` to the `dynaresize` command."""
     bench = subparsers.add_parser("bench", help="benchmarks of the real path")
     sub = bench.add_subparsers(dest="bench_command", required=True)
     resize = sub.add_parser(
@@ -154,3 +168,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "markers (default docs/results.md)")
     rollout.add_argument("--json", action="store_true", help="print one JSON object")
     rollout.set_defaults(func=cmd_bench_rollout)
+    chaos = sub.add_parser(
+        "chaos", help="random device deaths in every phase, at 1024 simulated GPUs, each "
+        "trial checked against the fault-free run (docs/faults.md; bench/chaos.py writes "
+        "docs/results.md)")
+    chaos.add_argument("--trials", type=int, default=300, help="trials (default 300)")
+    chaos.add_argument("--first-seed", type=int, default=0, help="seed of the first trial")
+    chaos.set_defaults(func=cmd_bench_chaos)

@@ -117,15 +117,19 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.orchestrator.checkpoint import CheckpointTarget
-    from dynaresize.orchestrator.checkpoint_files import read_latest
+    from dynaresize.orchestrator.checkpoint_files import read_latest, started_without_checkpoint
     from dynaresize.orchestrator.fault_injection import FaultInjector
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)
-    resume_from = read_latest(out_dir) if resume else None
-    if resume_from is not None:  # the schedule's steps already done are not redone
+    resume_from = None
+    if resume and started_without_checkpoint(out_dir):  # stopped before its first one
+        progress.message(f"{out_dir}: no checkpoint yet: the run starts over from step 0")
+    elif resume:  # the schedule's steps already done are not redone
+        resume_from = read_latest(out_dir, progress.message)
         cfg = _without_done_schedule(cfg, resume_from[1].num_steps)
-    rundir = RunDir(out_dir, resume_step=resume_from[1].num_steps if resume_from else None)
+    rundir = RunDir(out_dir, resume_step=resume_from[1].num_steps if resume_from else
+                    (0 if resume else None))
     rundir.write_config(to_toml(cfg))
     started_ray = False
     own_pool = pool is None
@@ -145,7 +149,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         devices = pool.devices(DeviceSettings.build(cfg, task.tokenizer), alloc.roles)
         # issue 18: metric sinks and held-out evaluation (evaluation.worker: its own Ray actor)
         rundir.sinks = make_sinks(cfg, rundir.path, progress.message)
-        evaluator = start_ray_evaluator(cfg, rundir.eval_result)
+        evaluator = start_ray_evaluator(cfg, rundir.eval_result, progress.message)
 
         def on_step(record: dict[str, Any]) -> None:
             progress.step(record)

@@ -199,9 +199,9 @@ class TrainConfig:
         "Bitwise the same update whatever the number of training ranks and whichever rank "
         "trained which micro-batch (runs with runtime resizes then end with the same "
         "param_sha256 as any run of that seed); also lets micro-batches be trained as they "
-        "become ready. Cost: every training rank holds the full parameters, the full "
-        "per-micro-batch gradients (fp32, micro-batches x parameters while combining) and one "
-        "all-reduce of them per step: meant for small models / CPU; false: plain FSDP "
+        "become ready. Cost: every training rank holds the full parameters, a full fp32 "
+        "gradient per micro-batch it trained (until the step's combine, which all-reduces them "
+        "in blocks of at most 256 MiB): meant for small models / CPU; false: plain FSDP "
         "(sharded gradients, equal across layouts only up to float reduction order).",
         default=True,
     )

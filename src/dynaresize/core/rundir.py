@@ -7,6 +7,7 @@ everything it finished.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -18,6 +19,12 @@ SAMPLE_KEYS = ("step", "prompt", "sample", "version", "device", "response_tokens
                "tokens_sha256")
 SUMMARY_KEYS = ("wall_s", "steps", "samples_per_s", "tokens_per_s", "bubble_fraction",
                 "num_resizes", "final_reward", "param_sum", "param_sha256")
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, I/O error): names the file; the run
+    stops (exit 2) and every checkpoint that was complete before stays as it was
+    (`orchestrator.checkpoint`)."""
 
 
 class RunDir:
@@ -47,19 +54,32 @@ class RunDir:
                 self._files[name] = open(self.path / f"{name}.jsonl", mode)  # noqa: SIM115
 
     def _truncate(self, resume_step: int) -> None:
+        """Keep what the checkpoint covers: metrics and samples of steps < `resume_step`, each
+        once (a record written twice is dropped), and events; a last line cut by a killed
+        driver is dropped. Each file is replaced atomically (a kill now loses nothing)."""
         assert self.path is not None
-        for name in ("metrics", "samples"):
+        keys = {"metrics": ("step",), "samples": ("step", "prompt", "sample")}
+        self.dropped_on_resume: dict[str, int] = {}
+        for name in ("metrics", "samples", "events"):
             file = self.path / f"{name}.jsonl"
-            kept = [r for r in read_jsonl(file) if r.get("step", 0) < resume_step] \
-                if file.exists() else []
-            file.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
+            records = read_jsonl(file, allow_cut_last_line=True) if file.exists() else []
+            kept, seen = [], set()
+            for r in records:
+                key = tuple(r.get(k) for k in keys.get(name, ()))
+                if name in keys and (r.get("step", 0) >= resume_step or key in seen):
+                    continue
+                seen.add(key)
+                kept.append(r)
+            self.dropped_on_resume[name] = len(records) - len(kept)
+            tmp = file.with_name(file.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
+            os.replace(tmp, file)
             if name == "metrics":
                 self.metrics = kept
-            else:
+            elif name == "samples":
                 self.num_samples = len(kept)
-        events = self.path / "events.jsonl"
-        old = read_jsonl(events) if events.exists() else []
-        self.t_offset_s = max((e["t_end"] for e in old), default=0.0)
+            else:
+                self.t_offset_s = max((e["t_end"] for e in kept), default=0.0)
 
     def _write(self, name: str, record: dict[str, Any]) -> None:
         f = self._files.get(name)
@@ -116,18 +136,23 @@ class RunDir:
         self.sinks.clear()
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON Lines file; a bad line raises ValueError naming the file and line."""
+def read_jsonl(path: str | Path, allow_cut_last_line: bool = False) -> list[dict[str, Any]]:
+    """Read a JSON Lines file; a bad line raises ValueError naming the file and line.
+    `allow_cut_last_line`: a last line without its newline that does not parse (a writer
+    killed mid-line) is skipped."""
     out = []
     with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            out.append(obj)
+        lines = f.readlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if allow_cut_last_line and lineno == len(lines) and not line.endswith("\n"):
+                break
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object")
+        out.append(obj)
     return out

@@ -53,9 +53,16 @@ class Evaluator:
 
     def __init__(self, every: int, num_steps: int,
                  run_eval: Callable[[int, Any], Awaitable[dict[str, Any]]],
-                 log: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """`log(result)`: every full result (with decoded examples), e.g. to eval.jsonl."""
+                 log: Callable[[dict[str, Any]], None] | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
+        """`log(result)`: every full result (with decoded examples), e.g. to eval.jsonl.
+        `warn(text)`: an evaluation that failed (its worker died: killed, or taken by Ray's
+        memory monitor, and not brought back by its restarts) is skipped with a warning; the
+        record goes without it and training goes on."""
         self.log = log
+        self.warn = warn
+        self.skipped: list[int] = []
+        """Versions whose evaluation failed and was skipped."""
         self.every = every
         self.num_steps = num_steps
         self.run_eval = run_eval
@@ -70,7 +77,14 @@ class Evaluator:
     async def _run(self, version: int, weights: Any) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        result = dict(await self.run_eval(version, weights))
+        try:
+            result = dict(await self.run_eval(version, weights))
+        except Exception as exc:  # evaluation is auxiliary: it never ends the run
+            self.skipped.append(version)
+            if self.warn is not None:
+                self.warn(f"evaluation of version {version} skipped: "
+                          f"{type(exc).__name__}: {str(exc)[:200]}")
+            return {}
         result.setdefault("eval_s", round(loop.time() - t0, 3))
         full = {"eval_version": version, **result}
         if self.log is not None:
@@ -90,7 +104,8 @@ class Evaluator:
         if version is None:
             return {}
         result = await self._pending.pop(version)
-        self.results[version] = result
+        if result:  # not skipped
+            self.results[version] = result
         return result
 
     def cancel(self) -> None:

@@ -89,9 +89,15 @@ class EvalWorker:
         return result
 
 
-def start_ray_evaluator(cfg: Any, log: Any = None) -> Any:
+MAX_RESTARTS = 3
+"""A dead evaluation actor (killed, or taken by Ray's memory monitor) is restarted up to this
+many times; the evaluation it was running is retried once on the new one, else skipped."""
+
+
+def start_ray_evaluator(cfg: Any, log: Any = None, warn: Any = None) -> Any:
     """An `Evaluator` whose work runs in an `EvalWorker` Ray actor (no CPU reserved: it
-    shares the machine with the devices), or None when `eval.every` is 0."""
+    shares the machine with the devices), or None when `eval.every` is 0. The actor restarts
+    if it dies (`MAX_RESTARTS`); an evaluation that still fails is skipped with `warn`."""
     import ray
 
     from dynaresize.devices.actor import loopback_env
@@ -99,14 +105,15 @@ def start_ray_evaluator(cfg: Any, log: Any = None) -> Any:
 
     if not cfg.eval.every:
         return None
-    actor = ray.remote(num_cpus=0)(EvalWorker).options(
+    actor = ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS, max_task_retries=1)(
+        EvalWorker).options(
         runtime_env={"env_vars": loopback_env()}).remote(cfg.to_dict(),
                                                           cfg.devices.threads_per_device)
 
     async def run_eval(version: int, weights: Any) -> dict[str, Any]:
         return await actor.evaluate.remote(version, weights)
 
-    evaluator = Evaluator(cfg.eval.every, cfg.run.steps, run_eval, log)
+    evaluator = Evaluator(cfg.eval.every, cfg.run.steps, run_eval, log, warn)
     evaluator.actor = actor  # type: ignore[attr-defined]
     return evaluator
 

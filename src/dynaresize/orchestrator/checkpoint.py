@@ -18,7 +18,9 @@ from dynaresize.orchestrator.checkpoint_files import (
     LATEST,
     STATE_FILE,
     CheckpointState,
+    CheckpointWriteError,
     checkpoint_dir,
+    manifest,
 )
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, WeightHandle
@@ -53,6 +55,9 @@ class NullCheckpointer:
     async def drain(self) -> None:
         return None
 
+    def write_error(self, num_steps: int, exc: BaseException) -> Exception:
+        return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
 
 class Checkpointer:
     """Saves checkpoints from the train loop and restores them on resume."""
@@ -67,6 +72,8 @@ class Checkpointer:
         self.clock = clock
         self.rundir = rundir
         self.num_saved = 0
+        self.last_complete = ""
+        """The newest checkpoint written whole by this run ('' if none yet)."""
         self._pending: list[asyncio.Future[None]] = []
 
     def due(self, num_steps: int) -> bool:
@@ -76,8 +83,12 @@ class Checkpointer:
         """At the boundary after `num_steps` steps (train lock held): the DCP save is a
         collective of the training group; the rest finishes in the background. Returns the
         DCP directory (complete on return: a recovery point, see `recovery`)."""
+        self._reap()  # a background write that failed stops the run here
         path = checkpoint_dir(self.run_dir, num_steps)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self.write_error(num_steps, exc) from exc
         t0 = self.clock.now()
         trainers = self.state.train_devices()
         stats = await asyncio.gather(*(d.save_checkpoint(str(path / "train")) for d in trainers))
@@ -98,14 +109,37 @@ class Checkpointer:
         return str(path / "train")
 
     async def _finish(self, path: Path, state: CheckpointState, handles: dict[int, Any]) -> None:
-        for version, handle in handles.items():
-            await asyncio.to_thread(self.weight_io.save, handle,
-                                    path / state.weight_files[str(version)])
-        (path / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
-        tmp = self.run_dir / CKPT_DIR / (LATEST + ".tmp")
-        tmp.write_text(path.name + "\n")
-        os.replace(tmp, self.run_dir / CKPT_DIR / LATEST)
+        file = path
+        try:
+            for version, handle in handles.items():
+                file = path / state.weight_files[str(version)]
+                await asyncio.to_thread(self.weight_io.save, handle, file)
+            file = path
+            state.files = await asyncio.to_thread(manifest, path)
+            file = path / STATE_FILE
+            _write_atomic(file, json.dumps(asdict(state), indent=2) + "\n")
+            file = self.run_dir / CKPT_DIR / LATEST
+            _write_atomic(file, path.name + "\n")
+        except OSError as exc:  # e.g. ENOSPC: `latest` still names the last complete one
+            raise self.write_error(state.num_steps, exc, file) from exc
+        self.last_complete = path.name
         self.num_saved += 1
+
+    def write_error(self, num_steps: int, exc: BaseException,
+                    file: Path | None = None) -> CheckpointWriteError:
+        """The error that stops a run whose checkpoint after `num_steps` steps failed."""
+        where = file or checkpoint_dir(self.run_dir, num_steps)
+        kept = self.last_complete or "none yet (this run wrote no complete checkpoint)"
+        return CheckpointWriteError(
+            f"{where}: the checkpoint after step {num_steps - 1} could not be written "
+            f"({type(exc).__name__}: {exc}); the last complete checkpoint, {kept}, is "
+            f"intact: free space and continue with `dynaresize train --resume {self.run_dir}`")
+
+    def _reap(self) -> None:
+        """Raise the error of a background write that failed (`_finish`)."""
+        for future in [f for f in self._pending if f.done()]:
+            self._pending.remove(future)
+            future.result()
 
     async def drain(self) -> None:
         """Wait for background writes (end of run)."""
@@ -118,6 +152,7 @@ class Checkpointer:
         the next rollouts need, for the train loop to publish: K - 1 from its file (staleness
         1), K from the loaded trainers."""
         k = state.num_steps
+        self.last_complete = path.name
         t0 = self.clock.now()
         trainers = self.state.train_devices()
         await asyncio.gather(*(d.load_checkpoint(str(path / state.train_dir), k)
@@ -132,3 +167,14 @@ class Checkpointer:
         for d in trainers:
             self.rundir.event(t0, t1, d.index, "restore", critical=True, step=k)
         return str(path / state.train_dir), published
+
+
+def _write_atomic(file: Path, text: str) -> None:
+    """Write `text` to `file` through a temporary file and a rename: a reader sees the old
+    content or the new, never a part (a disk full mid-write leaves the old one)."""
+    tmp = file.with_name(file.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, file)
+    finally:
+        tmp.unlink(missing_ok=True)

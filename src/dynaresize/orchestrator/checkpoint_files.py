@@ -26,14 +26,22 @@ steps >= K and appends.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dynaresize.config import Config
+
+from dynaresize.core.rundir import CheckpointWriteError
+
+__all__ = ["CheckpointWriteError", "CheckpointState", "read_latest", "read_checkpoint",
+           "manifest", "checkpoint_dir", "resume_overrides_ok",
+           "started_without_checkpoint"]
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
@@ -55,25 +63,31 @@ class CheckpointState:
     weight_files: dict[str, str] = field(default_factory=dict)
     """Version (as a string, JSON keys) → weight file in the checkpoint directory."""
     train_dir: str = "train"
+    files: dict[str, list[Any]] = field(default_factory=dict)
+    """Relative path -> [size, sha256] of every file of the checkpoint (`manifest`)."""
 
 
 def checkpoint_dir(run_dir: Path, num_steps: int) -> Path:
     return run_dir / CKPT_DIR / f"step-{num_steps:06d}"
 
 
-def read_latest(run_dir: str | os.PathLike[str]) -> tuple[Path, CheckpointState]:
-    """The newest complete checkpoint of `run_dir`; ValueError names the file and the field."""
-    root = Path(run_dir)
-    if not root.is_dir():
-        raise ValueError(f"{root}: run directory not found")
-    latest = root / CKPT_DIR / LATEST
-    if not latest.is_file():
-        raise ValueError(f"{latest}: no checkpoint (set run.checkpoint_every > 0 to write one)")
-    path = root / CKPT_DIR / latest.read_text().strip()
+def manifest(path: Path) -> dict[str, list[Any]]:
+    """Every file under checkpoint directory `path` (but state.json): relative path ->
+    [size in bytes, sha256]. Written into state.json, checked on resume."""
+    files: dict[str, list[Any]] = {}
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and p.name != STATE_FILE):
+        files[str(file.relative_to(path))] = [file.stat().st_size, sha256_of(file)]
+    return files
+
+
+def read_checkpoint(path: Path) -> CheckpointState:
+    """The state of the checkpoint in `path` once checked complete: state.json readable and
+    whole, every file it names present, with its recorded size and sha256; ValueError names
+    the file and what is wrong."""
     state_file = path / STATE_FILE
     try:
         data = json.loads(state_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{state_file}: unreadable checkpoint state ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{state_file}: expected a JSON object")
@@ -83,11 +97,81 @@ def read_latest(run_dir: str | os.PathLike[str]) -> tuple[Path, CheckpointState]
         if not isinstance(data.get(key), typ) or isinstance(data.get(key), bool):
             raise ValueError(f"{state_file}: field {key!r} = {data.get(key)!r}: "
                              f"must be {typ.__name__}")
-    state = CheckpointState(**{k: data[k] for k in hints})
+    files = data.get("files", {})
+    if not isinstance(files, dict):
+        raise ValueError(f"{state_file}: field 'files' must be a table")
+    state = CheckpointState(**{k: data[k] for k in hints}, files=files)
     for name in [state.train_dir, *state.weight_files.values()]:
         if not (path / name).exists():
             raise ValueError(f"{path / name}: missing from the checkpoint")
-    return path, state
+    for name, entry in files.items():
+        file = path / name
+        if not file.is_file():
+            raise ValueError(f"{file}: missing from the checkpoint")
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise ValueError(f"{state_file}: files[{name!r}] = {entry!r}: must be [size, sha256]")
+        size = file.stat().st_size
+        if size != entry[0]:
+            raise ValueError(f"{file}: {size} bytes, the checkpoint wrote {entry[0]} "
+                             "(truncated or overwritten)")
+        if sha256_of(file) != entry[1]:
+            raise ValueError(f"{file}: content differs from what the checkpoint wrote "
+                             "(sha256 mismatch: corrupted)")
+    return state
+
+
+def sha256_of(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def started_without_checkpoint(run_dir: str | os.PathLike[str]) -> bool:
+    """A run directory of a run that stopped (e.g. its driver was killed) before its first
+    checkpoint: its config.toml is there, no checkpoint is. `--resume` starts it over."""
+    root = Path(run_dir)
+    ckpt = root / CKPT_DIR
+    return (root / "config.toml").is_file() and not (ckpt / LATEST).exists() \
+        and not any((p / STATE_FILE).exists() for p in ckpt.glob("step-*"))
+
+
+def read_latest(run_dir: str | os.PathLike[str], warn: Callable[[str], None] | None = None
+                ) -> tuple[Path, CheckpointState]:
+    """The newest complete checkpoint of `run_dir`: the one `latest` names if it checks out
+    (`read_checkpoint`), else the newest older one that does (`warn` says which file was bad
+    and which checkpoint is used instead). Nothing is deleted. ValueError (names the file) if
+    no checkpoint is complete."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ValueError(f"{root}: run directory not found")
+    latest = root / CKPT_DIR / LATEST
+    if not latest.is_file():
+        raise ValueError(f"{latest}: no checkpoint (set run.checkpoint_every > 0 to write one)")
+    problems: list[str] = []
+    try:
+        name = latest.read_text().strip()
+        if not name.startswith("step-") or "/" in name or not (root / CKPT_DIR / name).is_dir():
+            raise ValueError(f"{latest}: names {name[:60]!r}, not a checkpoint directory")
+        candidates = [root / CKPT_DIR / name]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        problems.append(str(exc) if isinstance(exc, ValueError) else f"{latest}: {exc}")
+        candidates = []
+    newest = candidates[0].name if candidates else "step-999999999"
+    candidates += sorted((p for p in (root / CKPT_DIR).glob("step-*")
+                          if p.is_dir() and p.name < newest), reverse=True)
+    for path in candidates:
+        try:
+            state = read_checkpoint(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if problems and warn is not None:
+            warn(f"skipped an incomplete or corrupt checkpoint ({'; '.join(problems)}); "
+                 f"resuming from {path.name}")
+        return path, state
+    raise ValueError("; ".join(problems) if problems else f"{root / CKPT_DIR}: no checkpoint")
 
 
 def resume_overrides_ok(base: Config, resumed: Config) -> None:

@@ -14,6 +14,7 @@ device not in transit is in the running step's run.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from dynaresize.core.rundir import RunDir
@@ -44,6 +45,7 @@ class EnginePool:
         self.serving_early: set[int] = set()
         """train → rollout devices serving before their resize committed."""
         self._served_version = 0
+        self._lost_handler: Callable[[Device, BaseException], bool] | None = None
 
     # ------------------------------------------------------------------ the pool
     def rollout_devices(self) -> list[Device]:
@@ -171,13 +173,38 @@ class EnginePool:
             return
         t0 = self.clock.now()
         if len(stale) == 1:  # an engine joining from the previous tail (the common case)
-            await stale[0].load_weights(version, handle)
+            got: list[Any] = [await self._load_or_lose(stale[0], version, handle)]
         else:
-            await asyncio.gather(*(d.load_weights(version, handle) for d in stale))
+            got = await asyncio.gather(*(self._load_or_lose(d, version, handle)
+                                         for d in stale))
         t1 = self.clock.now()
-        for d in stale:
+        for d in [d for d, ok in zip(stale, got, strict=True) if ok]:
             self.engine_version[d.index] = version
             self.rundir.event(t0, t1, d.index, "load_weights", critical=True, version=version)
+
+    def on_engine_lost(self, handler: Callable[[Device, BaseException], bool]) -> None:
+        """`handler(device, exc)`: whether a failed engine op was its death (recovery fences
+        it; True) or an error (False: it propagates). Default: every error propagates."""
+        self._lost_handler = handler
+
+    def drop_lost(self, device: Device, exc: BaseException) -> None:
+        """A dead rollout device (fenced by recovery) leaves every run still holding it; its
+        requests rerun on the others (a resize may have stopped it and met its death in
+        `export_inflight`, before handing its requests back)."""
+        for run in (self.run, self.tail_run):
+            if run is not None:
+                run.drop_lost(device, exc)
+
+    async def _load_or_lose(self, device: Device, version: int, handle: WeightHandle) -> bool:
+        """Load `version` on `device`; False if the device died meanwhile (fenced by the
+        handler; a run it joins anyway reruns its requests elsewhere, as for any death)."""
+        try:
+            await device.load_weights(version, handle)
+        except Exception as exc:
+            if self._lost_handler is None or not self._lost_handler(device, exc):
+                raise
+            return False
+        return True
 
     # ------------------------------------------------------------------ resize hooks
     async def stop_admission(self, device: Device) -> None:

@@ -120,6 +120,8 @@ class Orchestrator:
         self.recovery: Recovery | NullRecovery = NullRecovery() if faults is None else \
             Recovery(faults, state, engines, lambda index: self.resizer.fence(index), stepper,
                      clock, rundir)
+        if isinstance(self.recovery, Recovery):  # an engine dying as it loads weights
+            engines.on_engine_lost(self.recovery.on_rollout_lost)
         self.checkpointer: Checkpointer | NullCheckpointer = NullCheckpointer() \
             if checkpoints is None else Checkpointer(checkpoints, cfg, state, clock, rundir)
         self.resizer = Resizer(state, boundary, engines, self.executor, self.recovery, clock)

@@ -57,6 +57,8 @@ class NullRecovery:
     """Recovery off (a backend that cannot lose devices): every device error propagates."""
 
     enabled = False
+    num_repairs = 0
+    """Always 0 (the same field as `Recovery.num_repairs`)."""
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
@@ -99,6 +101,8 @@ class Recovery:
         self.rundir = rundir
         self.lost: list[int] = []
         self.world_stale = False
+        self.num_repairs = 0
+        """World rebuilds so far: each drops what devices held (e.g. streamed gradients)."""
         self.train_state_lost = False
         self.records: list[dict[str, Any]] = []
         self._retained: dict[int, StepSamples] = {}
@@ -128,15 +132,17 @@ class Recovery:
         now = self.clock.now()
         self.records.append({"device": index, "role": role, "how": how, "t_s": now})
         self.rundir.event(now, now, index, "fault", critical=True, role=role, how=how)
+        self.engines.drop_lost(state.devices[index], RuntimeError(f"device {index} {how}"))
 
     # ------------------------------------------------------------------ detection
     def on_rollout_lost(self, device: RolloutOps, exc: BaseException) -> bool:
         """RolloutRun's hook: True (device gone, its requests rerun) or False (a real error)."""
         if self.is_alive(device.index):
             return False
-        self._fence(device.index, f"{type(exc).__name__} during rollout")
-        run = self.engines.run
-        self.records[-1]["rerun_requests"] = run.num_rerun if run is not None else 0
+        if device.index not in self.lost:
+            self._fence(device.index, f"{type(exc).__name__} during rollout")
+            run = self.engines.run
+            self.records[-1]["rerun_requests"] = run.num_rerun if run is not None else 0
         return True
 
     def find_dead(self, how: str) -> bool:
@@ -148,9 +154,23 @@ class Recovery:
 
     # ------------------------------------------------------------------ repair
     async def repair(self) -> None:
-        """At an optimizer-step boundary (train lock held): world, trainers, rollout pool."""
-        if not self.world_stale:
-            return
+        """At an optimizer-step boundary (train lock held): world, trainers, rollout pool.
+        A device that dies during the repair (world rebuild, restore, replay, reloading an
+        engine) is fenced too and the repair starts over on the new survivors."""
+        for _ in range(len(self.state.devices)):
+            if not self.world_stale:
+                return
+            num_lost = len(self.lost)
+            try:
+                await self._repair_once()
+            except Exception:  # a device lost during this attempt (fenced here or already)?
+                self.find_dead("died during recovery")
+                if len(self.lost) == num_lost:
+                    raise
+        if self.world_stale:
+            raise RuntimeError(f"recovery gave up: devices {self.lost} died")
+
+    async def _repair_once(self) -> None:
         state = self.state
         if not state.allocation.train or not state.allocation.rollout:
             raise RuntimeError(f"device deaths {self.lost} left "
@@ -168,6 +188,7 @@ class Recovery:
         await self._serve_again()
         t1 = self.clock.now()
         self.world_stale = self.train_state_lost = False
+        self.num_repairs += 1
         for d in survivors:
             self.rundir.event(t0, t1, d.index, "recovery", critical=True,
                               lost=list(self.lost), replayed_steps=num_replayed,

@@ -13,12 +13,14 @@ import asyncio
 from typing import Any
 
 from dynaresize.control.base import Move
+from dynaresize.core.allocation import Allocation
+from dynaresize.core.types import Role
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock
-from dynaresize.resize.executor import ResizeExecutor, ResizeReport
+from dynaresize.resize.executor import CommittedResizeError, ResizeExecutor, ResizeReport
 from dynaresize.resize.planner import plan_resize, target_allocation
 
 
@@ -83,6 +85,12 @@ class Resizer:
             self.num_requested -= 1
             self.boundary.release()
 
+    def _install(self, target: Allocation) -> None:
+        """The resize's target allocation, minus the devices that died meanwhile (fenced)."""
+        lost = self.executor.lost
+        self.state.commit_allocation(
+            target.with_roles({i: Role.IDLE for i in lost}) if lost else target)
+
     async def _resize_at_boundary(self, move: str, num_devices: int, step: int,
                                   idle_first: bool) -> ResizeReport | None:
         state, recovery, run = self.state, self.recovery, self.engines.run
@@ -93,22 +101,30 @@ class Resizer:
             self.skipped.append(f"step {step}: {exc}")
             return None
         plan = plan_resize(state.allocation, target)
+        t_resize, installed = self.clock.now(), False
         try:
             await recovery.repair()
             t_resize = self.clock.now()
             report = await self.executor.execute(plan, state.optimizer_step)
             t_resize = self.clock.now() - t_resize
+        except CommittedResizeError as exc:  # a death after the commit: the new group holds
+            self._install(plan.target)  # the training state; the dead are fenced below
+            if not recovery.find_dead(f"died in resize at step {step}"):
+                raise
+            report, t_resize = exc.report, self.clock.now() - t_resize
+            installed = True
         except Exception as exc:  # the rollback itself met a dead device
             self.engines.forget_moved(plan.to_rollout)
             if not recovery.find_dead(f"died in resize at step {step}"):
                 raise
             report = ResizeReport(self.executor.num_resizes - 1, False, 0.0, 0.0, 0.0,
                                   error=f"{type(exc).__name__}: {exc}"[:300])
+        if report.ok and not installed:  # before a repair: it rebuilds the new group
+            self._install(plan.target)
         if recovery.find_dead(f"resize at step {step}"):
             await recovery.repair()
         self.engines.forget_moved(plan.to_rollout, plan.to_train)
         if report.ok:
-            state.commit_allocation(plan.target)
             self.critical_s.append(report.critical_path_s)
             self.wall_s.append(t_resize)
             self.num_in_step[step] = self.num_in_step.get(step, 0) + 1

@@ -54,12 +54,34 @@ class TrainLoop:
         for version, handle in published:
             await self.state.versions.publish(version, handle)
 
+    async def _checkpoint(self, step: int) -> None:
+        """The checkpoint after `step` (train lock held). The save is a collective of the
+        training group: a rank may die inside it. Then that save is no recovery point: the
+        repair restores the last complete one, replays up to this step from the retained
+        samples, and the save is taken again (also after the run's last step)."""
+        recovery = self.recovery
+        for _ in range(len(self.state.devices)):
+            try:
+                train_path = await self.checkpointer.save(step + 1)
+            except Exception as exc:
+                if recovery.find_dead(f"died in the checkpoint after step {step}"):
+                    await recovery.repair()
+                    continue
+                if isinstance(exc, OSError):  # disk full, I/O error (Ray: its cause's type)
+                    raise self.checkpointer.write_error(step + 1, exc) from exc
+                raise
+            else:
+                recovery.checkpointed(step + 1, train_path)
+                return
+        raise RuntimeError(f"the checkpoint after step {step} failed on every try")
+
     async def run(self) -> None:
         """Consumes samples[k]; holds the train lock for the step; publishes version k + 1."""
         state, board, recovery = self.state, self.board, self.recovery
         prev_end_s = state.t_start_s
         for step in range(state.start_step, self.settings.steps):
             stream, holdings = None, Holdings()
+            num_repairs = recovery.num_repairs
             accumulated_s = 0.0
             if self.streaming:
                 stream = await board.stream(step)
@@ -77,6 +99,8 @@ class TrainLoop:
                 while True:  # a device death mid-step: recover, then rerun the step
                     try:
                         await recovery.repair()
+                        if recovery.num_repairs != num_repairs:  # a rebuilt world (e.g.
+                            stream = None  # a rollout death) dropped the held gradients
                         trainers = state.train_devices()
                         if stream is not None:
                             stats, t1, handles, finish_s = await self.streamer.finish(
@@ -95,15 +119,8 @@ class TrainLoop:
                 recovery.retain(step, got)
                 if self.checkpointer.due(step + 1):
                     await state.versions.publish(step + 1, handles[0])
-                    try:  # a collective of the training group: a rank may die inside it
-                        train_path = await self.checkpointer.save(step + 1)
-                    except Exception:
-                        if not recovery.find_dead(f"died in the checkpoint after step {step}"):
-                            raise
-                        # no recovery point here: the next step's repair restores the last
-                        # complete one and replays this step from its retained samples
-                    else:
-                        recovery.checkpointed(step + 1, train_path)
+                    await self._checkpoint(step)
+                    trainers = state.train_devices()
             for d in trainers:
                 if stream is None:  # streaming wrote one event per micro-batch
                     self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)

@@ -53,6 +53,15 @@ class ResizeReport:
     """Until the new training group holds its state (`commit`)."""
 
 
+class CommittedResizeError(RuntimeError):
+    """An op failed after the resize's commit: the new training group is in charge (the
+    caller installs the target allocation; `report.ok` stays True), the error is the cause."""
+
+    def __init__(self, report: ResizeReport) -> None:
+        super().__init__(f"resize {report.index} failed after its commit: {report.error}")
+        self.report = report
+
+
 class ResizeExecutor:
     def __init__(self, devices: Sequence[Device], clock: Clock, rundir: RunDir,
                  hooks: ResizeHooks, staging_bytes: int,
@@ -67,6 +76,8 @@ class ResizeExecutor:
         self.lost: set[int] = set()
         """Devices whose process died (`mark_lost`): no op calls them again."""
         self._generation = 1_000
+        self._exports: list[asyncio.Future[None]] = []
+        """`export_inflight` + requeue of the running resize (waited for on a rollback)."""
 
     def mark_lost(self, index: int) -> None:
         """Device `index`'s process died (recovery, through the resizer's `fence`)."""
@@ -77,6 +88,7 @@ class ResizeExecutor:
         self.num_resizes += 1
         self._generation += 1
         report = ResizeReport(index, True, self.clock.now(), 0.0, 0.0)
+        self._exports = []
         done: dict[int, asyncio.Future[None]] = {}
         loop = asyncio.get_running_loop()
         for op in plan.ops:
@@ -103,10 +115,14 @@ class ResizeExecutor:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*self._exports, return_exceptions=True)  # requeued (or the
+            self._exports.clear()  # device died: recovery reruns what it held)
             committed = any(op.kind == "commit" and op.id in report.durations_s
                             for op in plan.ops)
-            if committed:  # past the point of no return: the caller must see it
-                raise
+            if committed:  # past the point of no return: the new group is in charge
+                report.error = f"{type(exc).__name__}: {exc}"[:300]
+                report.t_end = self.clock.now()
+                raise CommittedResizeError(report) from exc
             report.ok = False
             report.error = f"{type(exc).__name__}: {exc}"
             await self._rollback(plan)
@@ -137,10 +153,10 @@ class ResizeExecutor:
             if kind in ("reshard", "commit") else []  # O(N): only the group ops need them
         if kind == "stop_admission":
             await self.hooks.stop_admission(dev)
-        elif kind == "export_inflight":
-            exported = await dev.export_inflight()
-            report.num_migrated += len(exported)
-            self.hooks.requeue(dev, exported)
+        elif kind == "export_inflight":  # shielded: a failing sibling op must not cancel
+            export = asyncio.ensure_future(self._export(dev, report))  # it between the
+            self._exports.append(export)  # device's export and the requeue (requests lost)
+            await asyncio.shield(export)
         elif kind == "release_kv":
             await dev.release_kv()
         elif kind == "join_group":
@@ -171,19 +187,38 @@ class ResizeExecutor:
             raise ValueError(f"unknown op kind {kind!r}")
         return 0
 
+    async def _export(self, dev: Device, report: ResizeReport) -> None:
+        exported = await dev.export_inflight()
+        report.num_migrated += len(exported)
+        self.hooks.requeue(dev, exported)
+
     async def _rollback(self, plan: ResizePlan) -> None:
         """Back to `plan.source`: discard new trainers; rollout devices serve again; devices
-        that were about to leave training (and may already serve) go back to it."""
+        that were about to leave training (and may already serve) go back to it. A rollout
+        device the failed resize stopped but did not export yet (a sibling op failed first)
+        hands its requests back before it serves again. Each device is rolled back even if
+        another one fails (e.g. died); the first error is raised at the end."""
         members = [self.devices[i] for i in sorted(set(plan.old_train) | set(plan.new_train))]
-        await asyncio.gather(*(d.abort_reshard() for d in members))
+        got = await asyncio.gather(*(d.abort_reshard() for d in members), return_exceptions=True)
+        errors = [e for e in got if isinstance(e, Exception)]
         version, handle = self.hooks.current_weights()
         for i in plan.to_train:
             dev = self.devices[i]
-            await dev.alloc_kv()
-            await dev.load_weights(version, handle)
-            self.hooks.start_serving(dev)
+            try:
+                await self.hooks.stop_admission(dev)
+                self.hooks.requeue(dev, await dev.export_inflight())
+                await dev.alloc_kv()
+                await dev.load_weights(version, handle)
+                self.hooks.start_serving(dev)
+            except Exception as exc:
+                errors.append(exc)
         for i in plan.to_rollout:  # it may already serve: its requests go back to the queue
             dev = self.devices[i]
-            await self.hooks.stop_admission(dev)
-            self.hooks.requeue(dev, await dev.export_inflight())
-            await dev.release_rollout_weights()
+            try:
+                await self.hooks.stop_admission(dev)
+                self.hooks.requeue(dev, await dev.export_inflight())
+                await dev.release_rollout_weights()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]

@@ -161,6 +161,13 @@ class RolloutRun:
         self.queue.extendleft(reversed(work))
         self._dispatch()
 
+    def drop_lost(self, device: RolloutOps, exc: BaseException) -> None:
+        """`device` died outside this run's own calls (a resize's export after its
+        `stop_admission`): what it held reruns elsewhere from scratch, as in `_lose`."""
+        slot = self._slots.get(device.index)
+        if slot is not None and self.on_device_lost is not None:
+            self._lose(slot, exc)
+
     def hand_off(self, on_idle: Callable[[RolloutOps], None]) -> None:
         """From now on a device with nothing left to run here (the queue is empty and it
         holds no request) leaves this run for `on_idle(device)` (the next step's rollout),

@@ -82,9 +82,11 @@ class EngineSlot:
         return lost
 
     async def stopped(self) -> None:
-        """Return once its serving loop ended."""
+        """Return once its serving loop ended. Shielded: a caller cancelled meanwhile (a
+        resize rolling back because another of its ops failed) must not cancel the serving
+        task with its requests."""
         assert self.task is not None
-        await self.task
+        await asyncio.shield(self.task)
 
 
 class SlotTable:

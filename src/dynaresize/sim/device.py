@@ -88,6 +88,10 @@ class SimDevice:
         """What its calls raise once it is dead (`die`)."""
         self._waits: set[Any] = set()
         """Pending virtual-time waits of this device's ops: a kill fails them."""
+        self._held_step: int | None = None
+        """The step whose streamed gradients this rank holds (`train_accumulate`)."""
+        self._dropped_step: int | None = None
+        """A step whose held gradients a world rebuild dropped (its finish fails, as live)."""
         self._collective_waits: set[Any] = set()
         """Those of collective ops: a peer's death fails them too (`sim.faults`)."""
 
@@ -281,6 +285,7 @@ class SimDevice:
 
     async def train_accumulate(self, step: int,
                                micro_batches: list[tuple[int, list[TrainSample]]]) -> None:
+        self._held_step = step
         num_tokens = sum(self._sample_tokens(s) for _, mb in micro_batches for s in mb)
         num_ranks = max(1, len(self._members))
         await self._spend(num_tokens * self.costs.train_token_s()
@@ -289,6 +294,10 @@ class SimDevice:
     async def train_finish(self, step: int, num_micro_batches: int,
                            global_num_tokens: int) -> dict[str, float]:
         self._expect(step, "train_finish")
+        if self._dropped_step == step:  # as the live trainer's combine: held by no rank
+            raise ValueError(f"simulated device {self.index}: finish of step {step}: its "
+                             "held gradients were dropped by a world rebuild")
+        self._held_step = None
         await self._spend(self.costs.train_step_overhead_s, collective=True)
         self.train_steps = step + 1
         return {"loss": 0.0}
@@ -334,6 +343,7 @@ class SimDevice:
         await self._spend(seconds + self.costs.resize.join_group_first_s, collective=True)
         self._groups = {member_set}
         self._next_members, self._next_steps = (), None
+        self._dropped_step, self._held_step = self._held_step, None  # a new trainer
         if self.index not in member_set:
             self._members, self.train_steps = (), None
             return

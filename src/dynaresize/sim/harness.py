@@ -192,16 +192,20 @@ async def _inline_io(run: Coroutine[Any, Any, Any]) -> Any:
 def run_config(cfg: Config, workload: Workload, costs: CostModel,
                controller: Controller | None = None,
                out_dir: str | Path | None = None,
-               recorder: RolloutRecorder | None = None) -> SimRun:
+               recorder: RolloutRecorder | None = None,
+               chaos: Callable[[list[Any], SimProcesses], None] | None = None) -> SimRun:
     """Run `cfg` (allocation, schedule, steps, staleness, faults, checkpoints) on SimDevices
     charged by `costs`, lengths from `workload`; `controller` overrides
     `cfg.controller.policy`. Writes config.toml, metrics/events/samples.jsonl and
     summary.json to `out_dir` if given. `recorder` sees every request and completion of the
-    devices (`sim.device.RolloutRecorder`)."""
+    devices (`sim.device.RolloutRecorder`). `chaos(devices, processes)`: recovery on, and the
+    caller installs its own device deaths (`sim.chaos`) before the run starts."""
     clock = VirtualClock()
     processes = SimProcesses()
     devices = make_devices(cfg.num_devices, cfg.allocation.num_rollout_devices, costs,
                            workload, clock, processes, recorder)
+    if chaos is not None:
+        chaos(devices, processes)
     rundir = RunDir(out_dir)
     rundir.write_config(to_toml(cfg))
     with ExitStack() as stack:
@@ -211,7 +215,7 @@ def run_config(cfg: Config, workload: Workload, costs: CostModel,
                 prefix="dynaresize-twin-"))
             checkpoints = CheckpointTarget(ckpt_dir, cfg.run.checkpoint_every, SimWeightIO())
         # What `runner.run_training` does for Ray devices, with the twin's process table.
-        recover = bool(cfg.faults.kill) or checkpoints is not None
+        recover = bool(cfg.faults.kill) or checkpoints is not None or chaos is not None
         injector = FaultInjector(cfg.faults.kill, processes.kill, clock.now) if recover else None
 
         try:
