@@ -91,12 +91,16 @@ def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
 
 
 def _eval_summary(evaluator: Any) -> dict[str, Any]:
-    """The first and last held-out accuracy (none without evaluation results)."""
-    if evaluator is None or not evaluator.results:
-        return {}
-    evals = [evaluator.results[v] for v in sorted(evaluator.results)]
-    return {"eval_accuracy_first": evals[0]["eval_accuracy"],
-            "eval_accuracy_last": evals[-1]["eval_accuracy"]}
+    """The first and last held-out accuracy (none without evaluation results) and the
+    versions whose evaluation was skipped (its worker died and did not come back)."""
+    out: dict[str, Any] = {}
+    if evaluator is not None and evaluator.skipped:
+        out["eval_skipped"] = list(evaluator.skipped)
+    if evaluator is not None and evaluator.results:
+        evals = [evaluator.results[v] for v in sorted(evaluator.results)]
+        out.update(eval_accuracy_first=evals[0]["eval_accuracy"],
+                   eval_accuracy_last=evals[-1]["eval_accuracy"])
+    return out
 
 
 def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None = None,
