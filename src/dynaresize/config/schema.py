@@ -15,6 +15,7 @@ from dynaresize.config.recipes import (  # noqa: F401  (re-exported: `dynaresize
     DynamicSamplingConfig,
     LossConfig,
 )
+from dynaresize.config.speculative import SpeculativeConfig  # noqa: F401  (re-exported)
 
 
 class ConfigError(ValueError):
@@ -106,40 +107,6 @@ class TaskConfig:
     max_new_tokens: int = _doc("Response length cap, tokens.", default=40)
     max_answer_len: int = _doc("Built-in task: longest required answer.", default=32)
     tail_alpha: float = _doc("Built-in task: Pareto tail index of answer lengths.", default=1.2)
-
-
-@dataclass
-class SpeculativeConfig:
-    """`[rollout.speculative]`: exact speculative decoding (builtin engine; docs/speculative.md)."""
-
-    enabled: bool = _doc("Draft tokens without a model and verify them by equality with the "
-                         "token the sampler draws (samples are the same on and off at the same "
-                         "forward_rows).", default=False)
-    forward_rows: int = _doc("Builtin batch-invariant engine: positions every forward feeds "
-                             "(padded; attention in fixed key blocks), so logits do not "
-                             "depend on how many are verified at once. 0: one-token forwards "
-                             "(as before). "
-                             "Otherwise >= 4; speculation needs it. A value changes float "
-                             "rounding, so samples differ from 0 (not between speculation on "
-                             "and off); measured ~1.9x per forward on CPU "
-                             "(docs/speculative.md).", default=0)
-    max_draft_tokens: int = _doc("Most draft tokens per verify forward (< forward_rows).",
-                                 default=7)
-    drafters: str = _doc("Comma-separated draft sources: 'prefix' (the request's own text), "
-                         "'siblings' (its GRPO group's text on the engine), 'history' (earlier "
-                         "responses to the same prompt).", default="prefix,siblings,history")
-    min_ngram: int = _doc("Shortest context suffix a draft is matched on, tokens.", default=2)
-    max_ngram: int = _doc("Longest context suffix a draft is matched on, tokens.", default=4)
-    full_batch: int = _doc("Length-aware budget: no drafts while an engine runs this many "
-                           "requests, fewer as it fills (0: never full; the builtin engine's "
-                           "fixed-row forwards make drafts free).", default=0)
-    long_tokens: int = _doc("Length-aware budget: requests predicted to need fewer tokens than "
-                            "this get proportionally fewer drafts (0: no length scaling).",
-                            default=0)
-    history_prompts: int = _doc("Prompts whose earlier responses the history drafter keeps "
-                                "(LRU).", default=256)
-    history_responses: int = _doc("Responses kept per prompt by the history drafter.",
-                                  default=16)
 
 
 @dataclass
