@@ -42,17 +42,12 @@ class SplitProber:
             gpus, steps, staleness, seed, costs)
         self.picked = split_search.probe_steps(steps, staleness)
         self.probe = StepSubset(workload, self.picked)
-        self.terms = []
-        for k in self.picked:
-            req = workload.step_requests(k)
-            self.terms.append(_StepTerms(req.num_requests, int(req.response_tokens.max()),
-                                         tail_s(costs, req), rollout_device_s(costs, req),
-                                         trained_tokens(req)))
+        self.analytic = Analytic(costs, workload, self.picked)
+        self.terms = [_StepTerms(*t) for t in self.analytic.terms]
         request_steps = sum(t.num_requests for t in self.terms)
         cores = usable_cores() if workers is None else max(1, workers)
         self.workers = cores if request_steps >= PARALLEL_MIN_REQUEST_STEPS else 1
         self._scores: dict[tuple[str, int], float] = {}
-        self._tail_at_batch: dict[tuple[int, int], float] = {}
         self.num_simulated = 0
 
     # ------------------------------------------------------------------ the search
@@ -89,16 +84,7 @@ class SplitProber:
     # ------------------------------------------------------------------ closed forms
     def analytic_step_s(self, r: int) -> float:
         """`run.analytic_step_s` at r rollout devices (the search's start)."""
-        costs, total_s = self.costs, 0.0
-        for t in self.terms:
-            batch = min(costs.max_running_requests, -(-t.num_requests // r))
-            key = (t.longest, max(1, batch // 2))
-            if key not in self._tail_at_batch:
-                self._tail_at_batch[key] = costs.decode_span_s(t.longest, key[1], 0)
-            roll_s = max(t.alone_s, self._tail_at_batch[key], t.device_s / r)
-            train_s = costs.train_step_s(t.tokens, self.gpus - r) + costs.weight_sync_s()
-            total_s += max(roll_s, train_s) if self.staleness else roll_s + train_s
-        return total_s / len(self.terms)
+        return self.analytic(self.gpus, r, self.staleness)
 
     def lower_bound(self, policy: str, r: int) -> float:
         """A value the probe's score at r cannot be below (`step_bounds`, weighted as
@@ -111,6 +97,37 @@ class SplitProber:
             return (first + rest) / num
         # one fill step counted once, the others' mean for the remaining steps of the run
         return (first + (self.steps - 1) * rest / (num - 1)) / self.steps
+
+
+class Analytic:
+    """`run.analytic_step_s` with the split-independent terms of each step computed once."""
+
+    def __init__(self, costs: CostModel, workload: Workload, steps: list[int]) -> None:
+        self.costs = costs
+        self.terms = []
+        for k in steps:
+            req = workload.step_requests(k)
+            self.terms.append((req.num_requests, int(req.response_tokens.max()),
+                               tail_s(costs, req), rollout_device_s(costs, req),
+                               trained_tokens(req)))
+        self._tail_at_batch: dict[tuple[int, int], float] = {}
+
+    def _tail_at(self, longest: int, batch: int) -> float:
+        key = (longest, batch)
+        if key not in self._tail_at_batch:
+            self._tail_at_batch[key] = self.costs.decode_span_s(longest, batch, 0)
+        return self._tail_at_batch[key]
+
+    def __call__(self, gpus: int, num_rollout: int, staleness: int) -> float:
+        costs = self.costs
+        total_s = 0.0
+        for num_requests, longest, alone_s, device_s, tokens in self.terms:
+            batch = min(costs.max_running_requests, -(-num_requests // num_rollout))
+            tail_at_batch_s = self._tail_at(longest, max(1, batch // 2))
+            roll_s = max(alone_s, tail_at_batch_s, device_s / num_rollout)
+            train_s = costs.train_step_s(tokens, gpus - num_rollout) + costs.weight_sync_s()
+            total_s += max(roll_s, train_s) if staleness else roll_s + train_s
+        return total_s / len(self.terms)
 
 
 class _StepTerms:

@@ -45,11 +45,8 @@ from dynaresize.sim.harness import (
 from dynaresize.sim.oracle import (
     oracle_result,
     oracle_steps,
-    rollout_device_s,
-    tail_s,
-    trained_tokens,
 )
-from dynaresize.sim.probes import PARALLEL_MIN_REQUEST_STEPS, SplitProber
+from dynaresize.sim.probes import PARALLEL_MIN_REQUEST_STEPS, Analytic, SplitProber
 from dynaresize.sim.workloads import Workload, resolve_workload
 
 BUILTIN_POLICIES = ("static", "colocated", "reference", "oracle")
@@ -90,38 +87,7 @@ def analytic_step_s(costs: CostModel, workload: Workload, steps: list[int], gpus
     search): rollout = max(slowest request alone, the slowest request at half the per-engine
     batch, rollout device-seconds / R), training =
     `train_step_s` on N - R ranks plus a weight sync; their max (staleness 1) or sum (0)."""
-    return _Analytic(costs, workload, steps)(gpus, num_rollout, staleness)
-
-
-class _Analytic:
-    """`analytic_step_s` with the split-independent terms of each step computed once."""
-
-    def __init__(self, costs: CostModel, workload: Workload, steps: list[int]) -> None:
-        self.costs = costs
-        self.terms = []
-        for k in steps:
-            req = workload.step_requests(k)
-            self.terms.append((req.num_requests, int(req.response_tokens.max()),
-                               tail_s(costs, req), rollout_device_s(costs, req),
-                               trained_tokens(req)))
-        self._tail_at_batch: dict[tuple[int, int], float] = {}
-
-    def _tail_at(self, longest: int, batch: int) -> float:
-        key = (longest, batch)
-        if key not in self._tail_at_batch:
-            self._tail_at_batch[key] = self.costs.decode_span_s(longest, batch, 0)
-        return self._tail_at_batch[key]
-
-    def __call__(self, gpus: int, num_rollout: int, staleness: int) -> float:
-        costs = self.costs
-        total_s = 0.0
-        for num_requests, longest, alone_s, device_s, tokens in self.terms:
-            batch = min(costs.max_running_requests, -(-num_requests // num_rollout))
-            tail_at_batch_s = self._tail_at(longest, max(1, batch // 2))
-            roll_s = max(alone_s, tail_at_batch_s, device_s / num_rollout)
-            train_s = costs.train_step_s(tokens, gpus - num_rollout) + costs.weight_sync_s()
-            total_s += max(roll_s, train_s) if staleness else roll_s + train_s
-        return total_s / len(self.terms)
+    return Analytic(costs, workload, steps)(gpus, num_rollout, staleness)
 
 
 def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
