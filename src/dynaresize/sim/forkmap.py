@@ -45,8 +45,9 @@ def fork_map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
     here."""
     global _FN
     items = list(items)
-    if workers <= 1 or len(items) <= 1 or not can_fork() or _FN is not None:
-        return [fn(x) for x in items]  # (no forks from within a worker)
+    if workers <= 1 or len(items) <= 1 or not can_fork() or _FN is not None \
+            or multiprocessing.current_process().daemon:
+        return [fn(x) for x in items]  # (no forks from within a worker: daemons have none)
     _FN = fn
     try:
         with multiprocessing.get_context("fork").Pool(min(workers, len(items))) as pool:
