@@ -26,7 +26,8 @@ import numpy as np
 
 from dynaresize.sim.costs import CostModel, get_cost_model
 from dynaresize.sim.harness import StepSubset
-from dynaresize.sim.run import _Analytic, run_policy, run_static, search_split
+from dynaresize.sim.probes import Analytic
+from dynaresize.sim.run import run_policy, run_static, search_split
 from dynaresize.sim.workloads import Workload, resolve_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,7 +43,7 @@ def old_search(workload: Workload, gpus: int, steps: int, staleness: int, seed: 
     """`search_split` as of commit af3f361."""
     picked = sorted({int(k) for k in np.linspace(0, steps - 1, min(steps, 2))})
     probe = StepSubset(workload, picked)
-    analytic = _Analytic(costs, workload, picked)
+    analytic = Analytic(costs, workload, picked)
     best = min(range(1, gpus), key=lambda r: analytic(gpus, r, staleness))
     scores: dict[int, float] = {}
 

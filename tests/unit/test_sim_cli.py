@@ -52,6 +52,7 @@ def test_simulate_text_and_out_dirs(capsys: pytest.CaptureFixture[str], tmp_path
     (["--policy", "static,nope"], "policy 'nope'"),
     (["--staleness", "9"], "staleness = 9"),
     (["--steps", "0"], "--steps 0"),
+    (["--workers", "0"], "--workers 0"),
     (["--calibration", "/nonexistent.json"], "/nonexistent.json"),
 ])
 def test_simulate_bad_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str],

@@ -73,3 +73,39 @@ def test_probe_steps_cover_the_run_and_outlast_the_pipeline_fill() -> None:
     assert estimated_mean_step_s([500.0, 300.0, 320.0], 1, 3) == 1120 / 3  # the whole run
     assert estimated_mean_step_s([500.0, 300.0], 0, 20) == 400.0
     assert estimated_mean_step_s([500.0], 1, 1) == 500.0
+
+
+@pytest.mark.parametrize("num_devices", [5, 32, 256])
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+def test_pruning_by_a_lower_bound_keeps_the_answer_and_scores_fewer(num_devices: int,
+                                                                    where: float) -> None:
+    """A split whose bound is above the best score found is not scored; the result is the
+    one without bounds (a bumpy score, bounds at 90% of it), the splits scored a subset."""
+    target = max(1, min(num_devices - 1, round(where * num_devices)))
+
+    def fn(r: int) -> float:
+        return abs(r - target) ** 1.2 + 3.0 * ((r * 37) % 5) + 10.0
+
+    plain, plain_calls = _counted(fn)
+    pruned, pruned_calls = _counted(fn)
+    many: list[list[int]] = []
+
+    def score_many(rs: list[int]) -> list[float]:
+        many.append(rs)
+        return [pruned(r) for r in rs]
+
+    without = search_best_split(plain, num_devices, start=1)
+    with_bound = search_best_split(pruned, num_devices, start=1,
+                                   lower_bound=lambda r: 0.9 * fn(r), score_many=score_many,
+                                   batch=2)
+    assert with_bound[0] == without[0]
+    assert set(pruned_calls) <= set(plain_calls)
+    assert with_bound[1] == len(pruned_calls) <= without[1]
+    assert all(len(rs) <= 2 for rs in many)
+
+
+def test_a_bound_above_every_score_but_the_start_scores_only_the_start() -> None:
+    score, calls = _counted(lambda r: 100.0 - r * 1e-3)
+    best, tried = search_best_split(score, 64, start=30,
+                                    lower_bound=lambda r: 0.0 if r == 30 else 1e9)
+    assert (best, tried, calls) == (30, 1, [30])

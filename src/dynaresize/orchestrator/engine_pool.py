@@ -38,6 +38,8 @@ class EnginePool:
         """The previous step's rollout while its tail still runs (pipelined only)."""
         self._tail_devices: set[int] = set()
         """Devices still in `tail_run` or on their way from it to the newest run."""
+        self._num_rescues = 0
+        """Tokens (negative) of `rescue_tail`s in `_tail_devices`."""
         self._settled = asyncio.Event()
         self._settled.set()
         self.leaving: set[int] = set()
@@ -77,6 +79,8 @@ class EnginePool:
     def arriving(self) -> set[int]:
         """Devices on their way to the newest run: they left the previous tail or were free
         and load its version (`run_settings.Arrivals`)."""
+        if not self._num_rescues:  # the set itself (read it only): no copy per join
+            return self._tail_devices
         return {i for i in self._tail_devices if i >= 0}
 
     def _check_settled(self) -> None:
@@ -146,6 +150,7 @@ class EnginePool:
         """The previous step lost its last engine (`lost_index`) with requests left."""
         token = -1 - lost_index
         self._tail_devices.add(token)  # no resize until it is rescued
+        self._num_rescues += 1
         self.background.spawn(self._rescue_tail(tail, version, token))
 
     async def _rescue_tail(self, tail: RolloutRun, version: int, token: int) -> None:
@@ -164,6 +169,7 @@ class EnginePool:
             tail.add_devices([device])
         finally:
             self._tail_devices.discard(token)
+            self._num_rescues -= 1
             self._check_settled()
 
     async def load_version(self, version: int, handle: WeightHandle,

@@ -56,3 +56,25 @@ def seats(loads: dict[int, int], num_coming: int, limit: int, num_items: int
         order.extend(active[:num_items - len(order)])
         order.extend([None] * min(num_coming, num_items - len(order)))
     return order
+
+
+def seat_positions(loads: dict[int, int], num_coming: int, limit: int, num_items: int
+                   ) -> list[tuple[int, int]]:
+    """`seats` without its seats to come: (k, engine index) for every entry k of
+    `seats(loads, num_coming, limit, num_items)` that is not None, in order; in
+    O(dispatched + engines log engines + limit), not O(num_items)."""
+    out: list[tuple[int, int]] = []
+    waiting = sorted((load, index) for index, load in loads.items())
+    active: list[int] = []
+    j = pos = 0
+    for level in range(limit):
+        if pos >= num_items:
+            break
+        while j < len(waiting) and waiting[j][0] <= level:
+            bisect.insort(active, waiting[j][1])
+            j += 1
+        take = active[:num_items - pos]
+        out.extend(zip(range(pos, pos + len(take)), take))
+        pos += len(take)
+        pos += min(num_coming, num_items - pos)
+    return out

@@ -1,25 +1,25 @@
 """RolloutRun: one step's requests on the rollout devices, with devices joining and leaving.
 
 One asyncio task per rollout device; each loops { submit what was dispatched to it →
-`run_rollout(slice_s)` → hand completions back → dispatch more }. Queued requests go to the
-least-loaded device that has a free slot (ties: lowest index). Which device runs a request never
-changes its tokens (design §2.3), so dispatch is free to be greedy, and a device can leave
-mid-step: its in-flight requests are exported (token prefix + sampler state) and requeued at the
-front, to finish on the other engines.
+`run_rollout(slice_s)` → hand completions back → dispatch more }. Queued requests go to the least-
+loaded device that has a free slot (ties: lowest index). Which device runs a request never changes
+its tokens (design §2.3), so dispatch is free to be greedy, and a device can leave mid-step: its
+in-flight requests are exported (token prefix + sampler state) and requeued at the front, to finish
+on the other engines.
 
-Progress is reported at a bounded granularity: completions reach `on_completions` in batches
-of at least `PROGRESS_FRACTION` (1%) of the requests in flight (dispatched, unfinished), so one
-by one while at most 100 are in flight, and always before the run finishes. Completions arrive
-at about (requests in flight / mean request duration), so a watcher (controller, fault
-injection) sees progress at most ~1% of a request's duration late, whatever the queue; an
-8192-request step with every request in flight makes ~550 reports instead of 8192. Nothing
-else waits for the reports: dispatch still happens at every completion.
+Progress is reported at a bounded granularity: completions reach `on_completions` in batches of at
+least `PROGRESS_FRACTION` (1%) of the requests in flight (dispatched, unfinished), so one by one
+while at most 100 are in flight, and always before the run finishes. Completions arrive at about
+(requests in flight / mean request duration), so a watcher (controller, fault injection) sees
+progress at most ~1% of a request's duration late, whatever the queue; an 8192-request step with
+every request in flight makes ~550 reports instead of 8192. Nothing else waits for the reports:
+dispatch still happens at every completion.
 
 A run is built complete (`RunSettings`, its callbacks, the engine pool's `Arrivals`) and changed
-only through its methods. Its parts: `slots` (the engines and dispatch), `tail_order` (the
-queue strategy of `rollout.tail_policy`), `handoff` (when a pipelined run's engines leave for
-the next step). Moving requests off a live engine, for packing a handed-off tail or spreading
-a thin one, is one routine, `_export_and_requeue`.
+only through its methods. Its parts: `slots` (the engines and dispatch), `tail_order` (the queue
+strategy of `rollout.tail_policy`), `handoff` (when a pipelined run's engines leave for the next
+step). Moving requests off a live engine, for packing a handed-off tail or spreading a thin one, is
+one routine, `_export_and_requeue`.
 
 Consumes: RequestSpecs of one step. Waits for: devices' slices. Produces: Completions through
 `on_completions`, and per-device busy intervals. Unblocked by: the last completion.
@@ -45,10 +45,6 @@ from dynaresize.rollout.slots import EngineSlot, SlotTable, Work
 from dynaresize.rollout.tail_order import TailOrder
 
 
-def _ignore(completions: list[Completion]) -> None:
-    return None
-
-
 class RolloutRun:
     def __init__(self, clock: Clock, requests: Sequence[Work], settings: RunSettings,
                  on_completions: Callable[[list[Completion]], None],
@@ -56,16 +52,16 @@ class RolloutRun:
                  drain: Callable[[], bool] | None = None,
                  may_spread: Callable[[], bool] | None = None,
                  arrivals: Arrivals | None = None) -> None:
-        """`on_device_lost(device, error)`: a device call failed; return True if the device
-        is gone (its requests rerun elsewhere from scratch), False to fail the run.
-        `drain()`: True when no one needs to see completions one by one (no controller
-        watching progress, no resize pending): once the queue is empty, each device then runs
-        until it is empty (at most `DRAIN_SLICES` slices) in one call (never when spreading:
-        engines return at every completion, so a spread never waits long). `may_spread()`:
-        whether tail spreading may move requests now. `arrivals` (pipelined runs): the run
-        starts on a few engines and gains the rest; until it hands off, no engine gets more
-        than its share, ceil(remaining / expected), and an engine that joins while others
-        are coming is dealt its share over them too (`rollout.deal`)."""
+        """`on_device_lost(device, error)`: a device call failed; return True if the device is
+        gone (its requests rerun elsewhere from scratch), False to fail the run. `drain()`:
+        True when no one needs to see completions one by one (no controller watching progress,
+        no resize pending): once the queue is empty, each device then runs until it is empty
+        (at most `DRAIN_SLICES` slices) in one call (never when spreading: engines return at
+        every completion, so a spread never waits long). `may_spread()`: whether tail
+        spreading may move requests now. `arrivals` (pipelined runs): the run starts on a few
+        engines and gains the rest; until it hands off, no engine gets more than its share,
+        ceil(remaining / expected), and an engine joining while others are coming is dealt
+        its share over them too (`rollout.deal`)."""
         self.clock = clock
         self.settings = settings
         self.version = settings.version
@@ -162,8 +158,7 @@ class RolloutRun:
         self._dispatch()
 
     def drop_lost(self, device: RolloutOps, exc: BaseException) -> None:
-        """`device` died outside this run's own calls (a resize's export after its
-        `stop_admission`): what it held reruns elsewhere from scratch, as in `_lose`."""
+        """`device` died outside this run's calls: its requests rerun elsewhere (`_lose`)."""
         slot = self._slots.get(device.index)
         if slot is not None and self.on_device_lost is not None:
             self._lose(slot, exc)
@@ -185,7 +180,7 @@ class RolloutRun:
         """Drop the callbacks and device slots once the run has ended and its results are
         read: they hold the run in reference cycles (a closure over it), so without this a
         step's requests and completions would wait for the cyclic GC (the twin pauses it)."""
-        self.on_completions = _ignore
+        self.on_completions = lambda done: None
         self.on_device_lost = self.drain = self._on_idle = self.may_spread = None
         self.arrivals = None
         self._slots.clear()
@@ -215,8 +210,7 @@ class RolloutRun:
             self.tail.resort(self.queue)
         slots, limit = self._slots, self._limit()
         if joined and self.tail is None and self.arrivals is not None and self.queue:
-            slots.deal_bulk(self.queue, limit, self._take,
-                            len(self.arrivals.arriving() - slots.indices()))
+            slots.deal_joined(self.queue, limit, slots.num_absent(self.arrivals.arriving()))
         elif len(self.queue) > len(slots) and slots.num_free() > BULK_MIN_FREE:
             slots.deal_bulk(self.queue, limit, self._take)
         else:

@@ -187,6 +187,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--gpus {args.gpus}: must be >= 2 (one device per stage)")
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps}: must be >= 1")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: must be >= 1")
     if args.requests_per_step is not None and args.requests_per_step < 1:
         raise UsageError(f"--requests-per-step {args.requests_per_step}: must be >= 1")
     try:
@@ -214,7 +216,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         policies = _policies(args.policy) or ((run_policy, *oracle) if run_policy else None)
         out = simulate(workload, gpus, policies, steps=steps, staleness=staleness,
                        seed=args.seed, cost_model=costs, out_dir=args.out, split=split,
-                       faults=faults, speculation=speculation)
+                       faults=faults, speculation=speculation, workers=args.workers)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.out:
@@ -287,6 +289,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "decoding for every policy alike: off (default), das (DAS-sized preset) "
                      "or an accepted-tokens histogram {\"accepted_per_iteration\": {...}}; "
                      "also [sim] speculation in --config, --set sim.speculation=...")
+    sim.add_argument("--workers", type=int, metavar="N", help="processes for the split "
+                     "search's probes and the policies' runs (default: the usable cores, for "
+                     "runs of 16384 request-steps or more); the numbers do not depend on it")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--out", metavar="DIR", help="write a run directory per policy")
     sim.set_defaults(func=cmd_simulate)

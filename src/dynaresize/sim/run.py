@@ -38,12 +38,11 @@ from typing import Any
 
 from dynaresize.config.validate import MAX_STALENESS
 from dynaresize.control.registry import POLICIES
-from dynaresize.sim import split_search
 from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
+from dynaresize.sim.forkmap import fork_map, usable_cores
 from dynaresize.sim.fully_async import run_fully_async, search_fully_async
 from dynaresize.sim.harness import (
-    StepSubset,
     TwinFaults,
     results_row,
     run_config,
@@ -52,10 +51,8 @@ from dynaresize.sim.harness import (
 from dynaresize.sim.oracle import (
     oracle_result,
     oracle_steps,
-    rollout_device_s,
-    tail_s,
-    trained_tokens,
 )
+from dynaresize.sim.probes import PARALLEL_MIN_REQUEST_STEPS, Analytic, SplitProber
 from dynaresize.sim.speculation import Speculation, resolve_speculation
 from dynaresize.sim.workloads import Workload, resolve_workload
 
@@ -100,61 +97,18 @@ def analytic_step_s(costs: CostModel, workload: Workload, steps: list[int], gpus
     search): rollout = max(slowest request alone, the slowest request at half the per-engine
     batch, rollout device-seconds / R), training =
     `train_step_s` on N - R ranks plus a weight sync; their max (staleness 1) or sum (0)."""
-    return _Analytic(costs, workload, steps)(gpus, num_rollout, staleness)
-
-
-class _Analytic:
-    """`analytic_step_s` with the split-independent terms of each step computed once."""
-
-    def __init__(self, costs: CostModel, workload: Workload, steps: list[int]) -> None:
-        self.costs = costs
-        self.terms = []
-        for k in steps:
-            req = workload.step_requests(k)
-            self.terms.append((req.num_requests, int(req.response_tokens.max()),
-                               tail_s(costs, req), rollout_device_s(costs, req),
-                               trained_tokens(req)))
-        self._tail_at_batch: dict[tuple[int, int], float] = {}
-
-    def _tail_at(self, longest: int, batch: int) -> float:
-        key = (longest, batch)
-        if key not in self._tail_at_batch:
-            self._tail_at_batch[key] = self.costs.decode_span_s(longest, batch, 0)
-        return self._tail_at_batch[key]
-
-    def __call__(self, gpus: int, num_rollout: int, staleness: int) -> float:
-        costs = self.costs
-        total_s = 0.0
-        for num_requests, longest, alone_s, device_s, tokens in self.terms:
-            batch = min(costs.max_running_requests, -(-num_requests // num_rollout))
-            tail_at_batch_s = self._tail_at(longest, max(1, batch // 2))
-            roll_s = max(alone_s, tail_at_batch_s, device_s / num_rollout)
-            train_s = costs.train_step_s(tokens, gpus - num_rollout) + costs.weight_sync_s()
-            total_s += max(roll_s, train_s) if staleness else roll_s + train_s
-        return total_s / len(self.terms)
+    return Analytic(costs, workload, steps)(gpus, num_rollout, staleness)
 
 
 def search_split(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
-                 costs: CostModel, policy: str = "static") -> tuple[int, int]:
+                 costs: CostModel, policy: str = "static", workers: int | None = None
+                 ) -> tuple[int, int]:
     """The best static split of `policy` (`static`, or a controller that never moves:
     `fixed`), searched by `split_search.search_best_split` over probes of
-    `split_search.probe_steps` (3 + staleness steps). Returns (best number of rollout
-    devices, number of splits simulated)."""
-    if gpus < 2:
-        raise ValueError(f"gpus = {gpus}: must be >= 2 (one device per stage)")
-    picked = split_search.probe_steps(steps, staleness)
-    probe = StepSubset(workload, picked)
-    analytic = _Analytic(costs, workload, picked)
-    start = min(range(1, gpus), key=lambda r: analytic(gpus, r, staleness))
-
-    def score(r: int) -> float:
-        cfg = sim_config(probe, r, gpus - r, len(picked), staleness, seed, costs)
-        cfg.controller.policy = policy
-        run = run_config(cfg, probe, costs, None if policy == "static" else POLICIES[policy](cfg))
-        return split_search.estimated_mean_step_s([m["step_s"] for m in run.rundir.metrics],
-                                                  staleness, steps)
-
-    return split_search.search_best_split(score, gpus, start)
+    `split_search.probe_steps` (3 + staleness steps), pruned by their lower bounds and run in
+    `workers` processes (`probes.SplitProber`; default: the usable cores). Returns (best
+    number of rollout devices, number of splits simulated)."""
+    return SplitProber(workload, gpus, steps, staleness, seed, costs, workers).search(policy)
 
 
 def run_policy(policy: str, workload: Workload, gpus: int, num_rollout: int, steps: int,
@@ -198,19 +152,98 @@ def _check_shape(gpus: int, steps: int, split: int | None, staleness: int) -> No
         raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy) .. {MAX_STALENESS}")
 
 
+POLICY_COST = {"reference": 4.0, "hysteresis": 3.0, "fully-async": 3.0, "borrow": 2.0,
+               "static": 1.5, "colocated": 1.5, "oracle": 0.0}
+"""Rough relative cost of a policy's run (which to start first when they run side by side)."""
+
+
+class _PolicyTask:
+    """One policy's final run (after the searches), as `simulate` runs it: a callable of the
+    policy's name returning (its row, (wall s, CPU s) of the run)."""
+
+    def __init__(self, wl: Workload, gpus: int, steps: int, staleness: int, seed: int,
+                 costs: CostModel, out_dir: str | Path | None, faults: TwinFaults | None,
+                 searches: dict[str, tuple[int, int]], split: int | None) -> None:
+        self.wl, self.gpus, self.steps, self.staleness, self.seed = (
+            wl, gpus, steps, staleness, seed)
+        self.costs, self.out_dir, self.faults, self.searches = costs, out_dir, faults, searches
+        self.split = split
+
+    def __call__(self, policy: str) -> tuple[dict[str, Any], tuple[float, float]]:
+        t0_s = (time.perf_counter(), time.process_time())
+        row = self.row(policy)
+        return row, (time.perf_counter() - t0_s[0], time.process_time() - t0_s[1])
+
+    def row(self, policy: str) -> dict[str, Any]:
+        wl, gpus, steps, staleness, seed, costs = (self.wl, self.gpus, self.steps,
+                                                   self.staleness, self.seed, self.costs)
+        out_dir, faults = _sub(self.out_dir, policy), self.faults
+        if policy == "oracle":
+            return oracle_result(oracle_steps(costs, wl, gpus, steps, staleness))
+        if policy == "colocated":
+            cfg = sim_config(wl, 1, gpus - 1, steps, 0, seed, costs)
+            run = run_colocated(cfg, wl, costs, out_dir)
+            row = results_row("colocated", run, {"rollout": gpus, "train": gpus})
+            row["staleness"] = 0
+            return row
+        if policy == "fully-async":  # changes the semantics: a competitor's row
+            fa = (self.split, 0) if self.split is not None else search_fully_async(
+                wl, gpus, min(steps, FULLY_ASYNC_PROBE_STEPS), staleness, seed, costs)
+            row = run_fully_async(wl, gpus, fa[0], steps, staleness, seed, costs)
+            row["num_splits_tried"] = fa[1]
+            return row
+        if policy == "reference":
+            ref = self.searches["fixed"]
+            row = run_policy("fixed", wl, gpus, ref[0], steps, staleness, seed, costs,
+                             out_dir, faults)
+            row.update(policy="reference", num_splits_tried=ref[1])
+            row.pop("split_is_initial", None)
+            return row
+        best = self.searches["static"]
+        if policy == "static":
+            row = run_static(wl, gpus, best[0], steps, staleness, seed, costs, out_dir, faults)
+            row["num_splits_tried"] = best[1]
+            return row
+        return run_policy(policy, wl, gpus, best[0], steps, staleness, seed, costs, out_dir,
+                          faults)
+
+
+def _searches(prober: SplitProber, policies: tuple[str, ...],
+              timings: dict[str, tuple[float, float]] | None) -> dict[str, tuple[int, int]]:
+    """The split searches the `policies` need, from one prober: static's search is also the
+    start of the controller policies; `timings` gets each search's (wall s, CPU s)."""
+    searches: dict[str, tuple[int, int]] = {}
+    t0_s = (time.perf_counter(), time.process_time())
+    for name, policy in (("search", "static"), ("reference-search", "fixed")):
+        wanted = policy == "fixed" and "reference" in policies or policy == "static" and any(
+            p not in ("reference", *NOT_ORCHESTRATOR) for p in policies)
+        if wanted:
+            searches[policy] = prober.search(policy)
+            t1_s = (time.perf_counter(), time.process_time())
+            if timings is not None:
+                timings[name] = (t1_s[0] - t0_s[0], t1_s[1] - t0_s[1])
+            t0_s = t1_s
+    return searches
+
+
 def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | None = None,
              steps: int = 50, staleness: int = 1, seed: int = 0,
              cost_model: str | CostModel = "h100-7b", requests_per_step: int | None = None,
              out_dir: str | Path | None = None, split: int | None = None,
              timings: dict[str, tuple[float, float]] | None = None,
-             faults: TwinFaults | None = None,
+             faults: TwinFaults | None = None, workers: int | None = None,
              speculation: str | Speculation | None = None) -> dict[str, Any]:
     """Compare `policies` (default: `default_policies()`) on one workload; returns the JSON
     object of `dynaresize simulate --json`. `split` fixes the rollout-device count of
     `static` (and the start of controller policies) instead of searching it. `timings`, if
-    given, receives (wall s, CPU s) of the twin's own cost per policy and for the split
-    `search` (bench/sim_scaling.py). `faults`: see the module docstring. Raises ValueError
-    for bad input (ConfigError, a ValueError, for a bad fault entry)."""
+    given, receives (wall s, CPU s) of the twin's own cost per policy's run and for the split
+    searches (`search`, `reference-search`; their CPU s is this process's only, without the
+    probes' worker processes) (bench/sim_scaling.py). `workers`: processes for the probes and
+    the policies' runs (default: the usable cores; one for runs of fewer than
+    `probes.PARALLEL_MIN_REQUEST_STEPS` request-steps); the numbers do not depend on it.
+    `speculation`: off (None), "das", a histogram file or a `Speculation`, for every policy
+    alike. `faults`: see the module docstring. Raises ValueError for bad input
+    (ConfigError, a ValueError, for a bad fault entry)."""
     policies = _checked_policies(policies, bool(faults))
     _check_shape(gpus, steps, split, staleness)
     wl = workload if isinstance(workload, Workload) else resolve_workload(
@@ -224,64 +257,16 @@ def simulate(workload: str | Workload, gpus: int, policies: tuple[str, ...] | No
         raise ValueError(f"steps = {steps}: the trace {wl.name} has only {wl.num_steps}")
     if faults:  # the entries against this run's devices and steps, before anything runs
         sim_config(wl, split or 1, gpus - (split or 1), steps, staleness, seed, costs, faults)
-    best: tuple[int, int] | None = (split, 0) if split is not None else None
-    results = []
-    clock_s = (time.perf_counter(), time.process_time())
-
-    def lap(name: str) -> None:
-        nonlocal clock_s
-        now_s = (time.perf_counter(), time.process_time())
-        if timings is not None:
-            timings[name] = (now_s[0] - clock_s[0], now_s[1] - clock_s[1])
-        clock_s = now_s
-
-    for policy in policies:
-        lap("-")
-        if policy == "oracle":
-            results.append(oracle_result(oracle_steps(costs, wl, gpus, steps, staleness)))
-            lap(policy)
-            continue
-        if policy == "colocated":
-            cfg = sim_config(wl, 1, gpus - 1, steps, 0, seed, costs)
-            run = run_colocated(cfg, wl, costs, _sub(out_dir, policy))
-            row = results_row("colocated", run, {"rollout": gpus, "train": gpus})
-            row["staleness"] = 0
-            results.append(row)
-            lap(policy)
-            continue
-        if policy == "fully-async":  # changes the semantics: a competitor's row
-            fa = (split, 0) if split is not None else search_fully_async(
-                wl, gpus, min(steps, FULLY_ASYNC_PROBE_STEPS), staleness, seed, costs)
-            row = run_fully_async(wl, gpus, fa[0], steps, staleness, seed, costs)
-            row["num_splits_tried"] = fa[1]
-            results.append(row)
-            lap(policy)
-            continue
-        if policy == "reference":
-            ref = (split, 0) if split is not None else search_split(
-                wl, gpus, steps, staleness, seed, costs, policy="fixed")
-            lap("reference-search")
-            row = run_policy("fixed", wl, gpus, ref[0], steps, staleness, seed, costs,
-                             _sub(out_dir, policy), faults)
-            row.update(policy="reference", num_splits_tried=ref[1])
-            row.pop("split_is_initial", None)
-            results.append(row)
-            lap(policy)
-            continue
-        if best is None:
-            best = search_split(wl, gpus, steps, staleness, seed, costs)
-            lap("search")
-        if policy == "static":
-            row = run_static(wl, gpus, best[0], steps, staleness, seed, costs,
-                             _sub(out_dir, policy), faults)
-            row["num_splits_tried"] = best[1]
-        else:
-            row = run_policy(policy, wl, gpus, best[0], steps, staleness, seed, costs,
-                             _sub(out_dir, policy), faults)
-        results.append(row)
-        lap(policy)
+    searches = {"static": (split, 0), "fixed": (split, 0)} if split is not None else _searches(
+        SplitProber(wl, gpus, steps, staleness, seed, costs, workers), policies, timings)
+    task = _PolicyTask(wl, gpus, steps, staleness, seed, costs, out_dir, faults, searches, split)
+    order = sorted(policies, key=lambda p: -POLICY_COST.get(p, 1.0))  # the longest first
+    cores = usable_cores() if workers is None else max(1, workers)
+    big = wl.prompts_per_step * wl.samples_per_prompt * steps >= PARALLEL_MIN_REQUEST_STEPS
+    done = dict(zip(order, fork_map(task, order, cores if big else 1), strict=True))
+    results = [done[p][0] for p in policies]
     if timings is not None:
-        timings.pop("-", None)
+        timings.update((p, done[p][1]) for p in policies)
     out = {"workload": wl.name, "gpus": gpus, "steps": steps, "staleness": staleness,
            "cost_model": f"{costs.gpu.name}/{costs.model.name}", "results": results}
     if spec is not None:

@@ -19,10 +19,19 @@ Ties go to the fewer rollout devices, so the result is a function of the scores 
 (deterministic). Every split is scored at most once, at most `max_probes` in all: where the
 next step would score more, the search stops at the best so far. `probe_steps` picks the
 steps a score simulates and `estimated_mean_step_s` what it measures.
+
+Cheaper, same answer: with a `lower_bound(r)` (a value no score at r can be below), a split
+whose bound exceeds the best score found so far is never scored: it could not be the best,
+nor a neighbour the pattern search steps to, so the result is the one without bounds. It
+counts against `max_probes` as if scored (the stopping rule is unchanged). The grid is scored
+in order of the bound (`start` first), so a good best is known early; with `score_many`
+(several splits at once, e.g. in parallel processes) it is scored `batch` at a time, and the
+pattern search scores both neighbours at once.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -53,35 +62,76 @@ def estimated_mean_step_s(step_s: list[float], staleness: int, num_steps: int) -
 
 def search_best_split(score: Callable[[int], float], num_devices: int,
                       start: int | None = None, finest: int | None = None,
-                      max_probes: int = MAX_PROBES) -> tuple[int, int]:
+                      max_probes: int = MAX_PROBES,
+                      lower_bound: Callable[[int], float] | None = None,
+                      score_many: Callable[[list[int]], list[float]] | None = None,
+                      batch: int = 1) -> tuple[int, int]:
     """The number of rollout devices in 1..`num_devices` - 1 of least `score` found by the
-    grid and pattern search of the module docstring. Returns (it, number of splits scored)."""
+    grid and pattern search of the module docstring. Returns (it, number of splits scored).
+    `lower_bound`, `score_many` and `batch`: the module docstring (same result)."""
     if num_devices < 2:
         raise ValueError(f"num_devices = {num_devices}: must be >= 2 (one per stage)")
     hi = num_devices - 1
     finest = max(1, num_devices // 128) if finest is None else max(1, finest)
-    scores: dict[int, float] = {}
-
-    def key(r: int) -> tuple[float, int]:
-        if r not in scores:
-            scores[r] = score(r)
-        return scores[r], r
-
+    known = _Known(score, score_many, lower_bound)
     grid = max(1, num_devices // GRID_DIVISIONS)
     candidates = set(range(grid, hi + 1, grid))
     if start is not None and 1 <= start <= hi:
         candidates.add(start)
-    best = min(sorted(candidates), key=key)
+    order = sorted(candidates, key=lambda r: (r != start, known.bound(r), r))
+    for i in range(0, len(order), max(1, batch)):
+        known.score_unless_pruned(order[i:i + max(1, batch)])
+    best = min(order, key=known.key)
     spacing = max(finest, grid // 2)
     while True:
         around = [r for r in (best - spacing, best + spacing) if 1 <= r <= hi]
-        if len(scores) + sum(r not in scores for r in around) > max_probes:
+        if len(known.values) + sum(r not in known.values for r in around) > max_probes:
             break
-        step = min(around, key=key) if around else best
-        if key(step)[0] < key(best)[0]:  # strictly better: no walks along a plateau
+        known.score_unless_pruned(around)
+        step = min(around, key=known.key) if around else best
+        if known.key(step)[0] < known.key(best)[0]:  # strictly better: no plateau walks
             best = step
         elif spacing > finest:
             spacing = max(finest, spacing // 2)
         else:
             break
-    return best, len(scores)
+    return best, known.num_scored
+
+
+class _Known:
+    """The scores found so far, and the splits pruned by their lower bound (their value is
+    the bound: above the best score, so never the minimum nor a step of the search)."""
+
+    def __init__(self, score: Callable[[int], float],
+                 score_many: Callable[[list[int]], list[float]] | None,
+                 lower_bound: Callable[[int], float] | None) -> None:
+        self._score, self._score_many, self._lower_bound = score, score_many, lower_bound
+        self.values: dict[int, float] = {}
+        self.num_scored = 0
+
+    def bound(self, r: int) -> float:
+        return self._lower_bound(r) if self._lower_bound is not None else 0.0
+
+    def key(self, r: int) -> tuple[float, int]:
+        if r not in self.values:
+            self.score_unless_pruned([r])
+        return self.values[r], r
+
+    def score_unless_pruned(self, splits: list[int]) -> None:
+        """Score those of `splits` not known yet whose bound is not above the best score."""
+        best = min(self.values.values(), default=math.inf)
+        todo = []
+        for r in splits:
+            if r in self.values or r in todo:
+                continue
+            bound = self.bound(r)
+            if bound > best:
+                self.values[r] = bound
+            else:
+                todo.append(r)
+        if not todo:
+            return
+        scores = (self._score_many(todo) if self._score_many is not None and len(todo) > 1
+                  else [self._score(r) for r in todo])
+        self.values.update(zip(todo, scores))
+        self.num_scored += len(todo)
