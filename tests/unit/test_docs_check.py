@@ -65,7 +65,7 @@ Records: `param_sha256`, `metrics.jsonl`, `RUN_DIR/export/version-V`, `out_dir/<
     ("`EnginePool.settle_rollouts`", "does not resolve"),
     ("`rollout/scheduler2.py`", "no such file"),
     ("`notes/vllm-on-cpu.md`", "no such file"),
-    ("`model.safetensors`", "no such file"),
+    ("`weights-final.safetensors`", "no such file"),
     ("`faults.py`", "ambiguous"),
     ("`controller.hysteresis.bandwidth`", "nor a config key"),
     ("`[controller.hysterisis]`", "no config table"),
