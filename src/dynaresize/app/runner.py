@@ -103,6 +103,22 @@ def _eval_summary(evaluator: Any) -> dict[str, Any]:
     return out
 
 
+def _resume_point(cfg: Config, out_dir: str | Path | None, resume: bool,
+                  progress: Progress) -> tuple[Config, Any]:
+    """(the config to run, `read_latest`'s checkpoint or None): a resumed run continues from
+    its newest complete checkpoint, without the schedule's steps already done; one stopped
+    before its first checkpoint starts over from step 0."""
+    from dynaresize.orchestrator.checkpoint_files import read_latest, started_without_checkpoint
+
+    if not resume:
+        return cfg, None
+    if started_without_checkpoint(out_dir):
+        progress.message(f"{out_dir}: no checkpoint yet: the run starts over from step 0")
+        return cfg, None
+    resume_from = read_latest(out_dir, progress.message)
+    return _without_done_schedule(cfg, resume_from[1].num_steps), resume_from
+
+
 def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None = None,
                  pool: Any = None, progress: Progress | None = None,
                  fail_op: Any = None, resume: bool = False,
@@ -121,17 +137,11 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.orchestrator.checkpoint import CheckpointTarget
-    from dynaresize.orchestrator.checkpoint_files import read_latest, started_without_checkpoint
     from dynaresize.orchestrator.fault_injection import FaultInjector
     from dynaresize.tasks import make_task
 
     progress = progress or Progress(cfg.run.steps, cfg.output.progress)
-    resume_from = None
-    if resume and started_without_checkpoint(out_dir):  # stopped before its first one
-        progress.message(f"{out_dir}: no checkpoint yet: the run starts over from step 0")
-    elif resume:  # the schedule's steps already done are not redone
-        resume_from = read_latest(out_dir, progress.message)
-        cfg = _without_done_schedule(cfg, resume_from[1].num_steps)
+    cfg, resume_from = _resume_point(cfg, out_dir, resume, progress)
     rundir = RunDir(out_dir, resume_step=resume_from[1].num_steps if resume_from else
                     (0 if resume else None))
     rundir.write_config(to_toml(cfg))

@@ -159,6 +159,23 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
     _validate_loss(cfg)
     _positive("allocation.num_rollout_devices", a.num_rollout_devices)
     _positive("allocation.num_train_devices", a.num_train_devices)
+    _validate_controller(cfg)
+    _positive("resize.staging_bytes", cfg.resize.staging_bytes)
+    _validate_schedule(cfg)
+    _validate_faults(cfg)
+    _one_of("devices.backend", cfg.devices.backend, BACKENDS)
+    _one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
+    _positive("devices.threads_per_device", cfg.devices.threads_per_device)
+    if not 0 < cfg.devices.gpus_per_device <= 1:
+        raise ConfigError("devices.gpus_per_device", cfg.devices.gpus_per_device,
+                          "must be in (0, 1]")
+    _one_of("output.progress", cfg.output.progress, PROGRESS)
+    _validate_ray(cfg)
+    if check_machine and cfg.devices.backend == "ray":
+        _validate_machine(cfg)
+
+
+def _validate_controller(cfg: Config) -> None:
     h, b = cfg.controller.hysteresis, cfg.controller.borrow
     _non_negative("controller.hysteresis.band", h.band)
     _non_negative("controller.hysteresis.min_dwell_steps", h.min_dwell_steps)
@@ -172,20 +189,15 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
     _non_negative("controller.borrow.min_train_devices", b.min_train_devices)
     _non_negative("controller.borrow.window_factor", b.window_factor)
     _non_negative("controller.borrow.prior_switch_s", b.prior_switch_s)
-    _positive("resize.staging_bytes", cfg.resize.staging_bytes)
-    _validate_schedule(cfg)
-    _validate_faults(cfg)
-    _one_of("devices.backend", cfg.devices.backend, BACKENDS)
-    _one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
-    _positive("devices.threads_per_device", cfg.devices.threads_per_device)
-    if not 0 < cfg.devices.gpus_per_device <= 1:
-        raise ConfigError("devices.gpus_per_device", cfg.devices.gpus_per_device,
-                          "must be in (0, 1]")
-    _one_of("output.progress", cfg.output.progress, PROGRESS)
-    _validate_ray(cfg)
-    if check_machine and cfg.devices.backend == "ray" and cfg.rollout.engine == "vllm":
+
+
+def _validate_machine(cfg: Config) -> None:
+    """What this machine offers: vLLM for `rollout.engine = "vllm"`, enough devices for a
+    local cluster."""
+    a = cfg.allocation
+    if cfg.rollout.engine == "vllm":
         _validate_vllm(cfg)
-    if check_machine and cfg.devices.backend == "ray" and not cfg.ray.address:
+    if not cfg.ray.address:
         limit = machine_device_limit(cfg.devices.type)
         if cfg.devices.type == "cuda":  # devices sharing a GPU
             limit = int(limit / cfg.devices.gpus_per_device + 1e-9)
