@@ -29,7 +29,7 @@ def test_tensorboard_events_written_through_the_run_directory(tmp_path: Path) ->
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     rundir = RunDir(tmp_path)
-    rundir.sinks = make_sinks(Config(), tmp_path)
+    rundir.add_sinks(make_sinks(Config(), tmp_path))
     rundir.metric(RECORD)
     rundir.metric({**RECORD, "step": 4, "eval_accuracy": 0.5})
     rundir.close()

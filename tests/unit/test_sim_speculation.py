@@ -65,7 +65,7 @@ def test_calibrated_histogram(tmp_path: Path) -> None:
 
 def test_no_speculation_where_verification_costs_more() -> None:
     costs = get_cost_model("h100-7b")
-    comp = costs._hot[3]
+    comp = costs.hot_terms[3]
     assert best_level(DAS, comp, 1, 5e-3, 1e-3) == max(DAS.levels)  # alone: deepest
     assert best_level(DAS, comp, 256, 1e-6, 1e-3) == 1  # compute-bound: none
     never = Speculation("never", (1.0,))

@@ -155,14 +155,14 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                               cfg.devices.threads_per_device, cfg.faults.timeout_s,
                               cfg.ray.placement, cfg.ray.placement_timeout_s,
                               cfg.devices.gpus_per_device)
-        rundir.node_of = pool.node_of
+        rundir.place(pool.node_of)
         assert pool.num_devices == cfg.num_devices
         alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
                                    cfg.allocation.num_train_devices)
         task = make_task(cfg)
         devices = pool.devices(DeviceSettings.build(cfg, task.tokenizer), alloc.roles)
         # issue 18: metric sinks and held-out evaluation (evaluation.worker: its own Ray actor)
-        rundir.sinks = make_sinks(cfg, rundir.path, progress.message)
+        rundir.add_sinks(make_sinks(cfg, rundir.path, progress.message))
         evaluator = start_ray_evaluator(cfg, rundir.eval_result, progress.message)
 
         def on_step(record: dict[str, Any]) -> None:

@@ -40,8 +40,7 @@ class RunDir:
         self.num_samples = 0
         self.t_offset_s = 0.0
         self.node_of: dict[int, str] = {}
-        """Device index → Ray node id: events carry their device's `node` (set by the
-        runner)."""
+        """Device index → Ray node id: events carry their device's `node` (`place`)."""
         self._files: dict[str, TextIO] = {}
         self.sinks: list[Any] = []
         """Extra metric sinks (metric_sinks: TensorBoard, W&B); each gets every record."""
@@ -52,6 +51,14 @@ class RunDir:
             mode = "w" if resume_step is None else "a"
             for name in ("metrics", "events", "samples"):
                 self._files[name] = open(self.path / f"{name}.jsonl", mode)  # noqa: SIM115
+
+    def place(self, node_of: dict[int, str]) -> None:
+        """Where the devices run (device index → Ray node id), for the events' `node`."""
+        self.node_of = node_of  # the pool's own map: a repaired device's new node shows
+
+    def add_sinks(self, sinks: list[Any]) -> None:
+        """Extra metric sinks (TensorBoard, W&B): each gets every record from now on."""
+        self.sinks.extend(sinks)
 
     def _truncate(self, resume_step: int) -> None:
         """Keep what the checkpoint covers: metrics and samples of steps < `resume_step`, each

@@ -201,7 +201,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         # constants of the hot path (`_span_scalar_s`), computed once per (frozen) model
-        object.__setattr__(self, "_hot", (
+        object.__setattr__(self, "hot_terms", (
             self._mem_bytes_per_s(), self.model.kv_bytes_per_token, self.model.weight_bytes,
             2.0 * self.model.num_params / (self.gpu.bf16_flops_per_s * self.decode_mfu)))
         object.__setattr__(self, "_span_terms", {})
@@ -213,7 +213,7 @@ class CostModel:
         cache: dict[int, tuple[float, float]] = self._span_terms  # type: ignore[attr-defined]
         got = cache.get(b)
         if got is None:
-            bw, kv, w, comp_per_request_s = self._hot  # type: ignore[attr-defined]
+            bw, kv, w, comp_per_request_s = self.hot_terms  # type: ignore[attr-defined]
             comp_s = comp_per_request_s * b
             got = cache[b] = (comp_s, (comp_s * bw - w) / kv)
         return got
@@ -222,7 +222,7 @@ class CostModel:
         """`decode_span_s` for plain ints: the simulator's hot path, without numpy."""
         if n <= 0:
             return 0.0
-        bw, kv, w, comp_per_request_s = self._hot  # type: ignore[attr-defined]
+        bw, kv, w, comp_per_request_s = self.hot_terms  # type: ignore[attr-defined]
         comp_s = comp_per_request_s * b
         first_mem = min(n, max(0, math.ceil(((comp_s * bw - w) / kv - c0) / max(b, 1))))
         m = n - first_mem

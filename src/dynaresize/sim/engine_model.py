@@ -99,7 +99,7 @@ class SimEngine:
         heap, running, waiting = self._finish_heap, self._running, self._waiting
         costs = self.costs
         span, span_terms = costs._span_scalar_s, costs.span_terms
-        bw, kv, w, _ = costs._hot  # type: ignore[attr-defined]
+        bw, kv, w, _ = costs.hot_terms  # type: ignore[attr-defined]
         overhead_s = costs.iteration_overhead_s
         capacity = self.kv_capacity_tokens
         heappop, ceil = heapq.heappop, math.ceil

@@ -46,7 +46,7 @@ class SpecEngine(SimEngine):
         self.table = lengths.spec_table(costs.speculation)
         self._level = 1
         self._rate_sum = 0.0
-        self._comp_per_request_s = costs._hot[3]  # type: ignore[attr-defined]
+        self._comp_per_request_s = costs.hot_terms[3]  # type: ignore[attr-defined]
 
     def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
         for work in requests:
@@ -121,7 +121,7 @@ class SpecEngine(SimEngine):
     def _span(self, max_s: float, elapsed_s: float) -> tuple[int, float, int] | None:
         """The next span: (iterations, seconds, budget); None after a preemption."""
         costs, running = self.costs, self._running
-        bw, kv, w, _ = costs._hot  # type: ignore[attr-defined]
+        bw, kv, w, _ = costs.hot_terms  # type: ignore[attr-defined]
         batch = len(running)
         p = best_level(costs.speculation, self._comp_per_request_s, batch,
                        (w + self._kv_tokens * kv) / bw, costs.iteration_overhead_s)

@@ -102,7 +102,7 @@ def spec_alone_s(costs: CostModel, req: StepRequests) -> np.ndarray:
     spec = costs.speculation
     lengths = np.maximum(1.0, req.response_tokens.astype(np.float64))
     prompts = np.broadcast_to(req.prompt_tokens[:, None], lengths.shape).astype(np.float64)
-    bw, kv, w, comp_per_request_s = costs._hot  # type: ignore[attr-defined]
+    bw, kv, w, comp_per_request_s = costs.hot_terms  # type: ignore[attr-defined]
     best = np.full(lengths.shape, np.inf)
     for p in spec.levels:
         n = request_iterations(spec, req.step, lengths, p)

@@ -187,7 +187,7 @@ def spec_span_s(costs: Any, n: int, comp_s: float, growth: float, c0: float) -> 
     tokens per iteration from `c0` (`CostModel._span_scalar_s` with the two decoupled)."""
     if n <= 0:
         return 0.0
-    bw, kv, w, _ = costs._hot
+    bw, kv, w, _ = costs.hot_terms
     first_mem = min(n, max(0, math.ceil(((comp_s * bw - w) / kv - c0) / max(growth, 1e-9))))
     m = n - first_mem
     mem_sum_s = (m * (w + c0 * kv) + growth * kv * (first_mem + n - 1) * m / 2.0) / bw
