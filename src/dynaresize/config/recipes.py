@@ -3,8 +3,9 @@ docs/recipes.md), nested in `schema.TrainConfig`. No torch/Ray."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from dynaresize.config.fields import doc_field as _doc
 
 AGGREGATIONS = ("token", "sequence", "group", "constant")
 ADVANTAGES = ("grpo", "dr-grpo")
@@ -12,8 +13,6 @@ RATIOS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
-def _doc(text: str, **kwargs: Any) -> Any:
-    return field(metadata={"doc": text}, **kwargs)
 
 
 @dataclass

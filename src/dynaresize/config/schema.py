@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynaresize.config.fields import doc_field as _doc
 from dynaresize.config.literal import toml_repr
 from dynaresize.config.recipes import (  # noqa: F401  (re-exported: `dynaresize.config`)
     ADVANTAGES,
@@ -35,8 +36,6 @@ class ConfigError(ValueError):
         return ConfigError(self.field_name, self.value, self.allowed, source)
 
 
-def _doc(text: str, **kwargs: Any) -> Any:
-    return field(metadata={"doc": text}, **kwargs)
 
 
 @dataclass

@@ -3,12 +3,9 @@ the builtin engine (docs/speculative.md). No torch/Ray."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-
-def _doc(text: str, **kwargs: Any) -> Any:
-    return field(metadata={"doc": text}, **kwargs)
+from dynaresize.config.fields import doc_field as _doc
 
 
 @dataclass
