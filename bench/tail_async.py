@@ -8,8 +8,8 @@ Per tailed case, speculation (off, the `das` preset, and the calibrated histogra
 docs/data/spec_acceptance.json when it exists) and staleness (0, 2): `simulate` with
 static, hysteresis, reference, fully-async and oracle (every row with the same speculation),
 and one more hysteresis run at the static split with every request's submission and
-completion recorded (bench/gap.py's recording) for the tail: the span of the last 10% of
-each step's requests, its share of the rollout span, and the longest request's life against
+completion recorded (bench/gap.py's `Recorder`, the twin's recording hook) for the tail: the
+span of the last 10% of each step's requests, its share of the rollout span, and the longest request's life against
 the same request alone on an empty device (with the same speculation). Under the table,
 issue 25's acceptance lines (bench/acceptance.py `issue25_lines`).
 """
@@ -29,14 +29,14 @@ from typing import Any
 from dynaresize.control.registry import POLICIES as CONTROLLERS
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
-from dynaresize.sim.oracle import spec_alone_s
+from dynaresize.sim.oracle import oracle_steps, spec_alone_s, work_samples_per_s
 from dynaresize.sim.run import simulate
 from dynaresize.sim.speculation import resolve_speculation
 from dynaresize.sim.workloads import resolve_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import acceptance  # noqa: E402  (bench/ is not a package)
-from gap import Requests, recording  # noqa: E402
+from gap import Recorder, Requests  # noqa: E402
 from policies import write_block  # noqa: E402
 
 START, END = "<!-- twin-async:start -->", "<!-- twin-async:end -->"
@@ -60,8 +60,7 @@ def tail_of(workload: Any, gpus: int, split: int, steps: int, staleness: int,
     cfg = sim_config(workload, split, gpus - split, steps, staleness, 0, costs)
     cfg.controller.policy = "hysteresis"
     log = Requests()
-    with recording(log):
-        run_config(cfg, workload, costs, CONTROLLERS["hysteresis"](cfg))
+    run_config(cfg, workload, costs, CONTROLLERS["hysteresis"](cfg), recorder=Recorder(log))
     shares, tails, lives = [], [], []
     for k in range(steps):
         keys = [key for key in log.finished if key[0] == k]
@@ -89,6 +88,13 @@ def run_case(case: int, speculation: str, staleness: int, steps: int) -> dict[st
     out = simulate(wl, gpus, POLICIES, steps=steps, staleness=staleness, seed=0,
                    requests_per_step=requests, speculation=speculation)
     static = next(r for r in out["results"] if r["policy"] == "static")
+    oracle = next(r for r in out["results"] if r["policy"] == "oracle")
+    costs = get_cost_model("h100-7b")
+    spec = resolve_speculation(speculation)
+    if spec is not None:
+        costs = replace(costs, speculation=spec)
+    oracle["work_samples_per_s"] = work_samples_per_s(
+        oracle_steps(costs, wl, gpus, steps, staleness))
     tail = tail_of(wl, gpus, static["split"]["rollout"], steps, staleness, speculation)
     name = "off" if speculation == "off" else Path(speculation).stem
     return {"case": case, "workload": workload, "gpus": gpus, "requests": requests,

@@ -139,6 +139,13 @@ def oracle_step(costs: CostModel, req: StepRequests, num_devices: int,
                       req.num_requests, int(req.response_tokens.sum()))
 
 
+def work_samples_per_s(steps: list[OracleStep]) -> float:
+    """The oracle's work bound: samples per second if every step took only its work term
+    (every device at full-batch efficiency, no tail). Not in `simulate`'s rows (their JSON
+    stays as it was); `bench/tail_async.py` adds it to its oracle rows."""
+    return sum(s.num_samples for s in steps) / sum(s.work_s for s in steps)
+
+
 def oracle_steps(costs: CostModel, workload: Workload, num_devices: int, num_steps: int,
                  staleness: int) -> list[OracleStep]:
     """`oracle_step` for steps 0..num_steps-1 of `workload`."""
@@ -161,7 +168,6 @@ def oracle_result(steps: list[OracleStep]) -> dict[str, object]:
         "bubble_fraction": 0.0,
         "idle_device_s_per_step": 0.0,
         "num_resizes": 0,
-        "work_samples_per_s": sum(s.num_samples for s in steps) / sum(s.work_s for s in steps),
         "tail_bound_steps": num_tail,
         "work_bound_steps": len(steps) - num_tail,
         "binds": "tail-bound" if num_tail * 2 > len(steps) else "work-bound",
