@@ -9,9 +9,9 @@ docs/data/spec_acceptance.json when it exists) and staleness (0, 2): `simulate` 
 static, hysteresis, reference, fully-async and oracle (every row with the same speculation),
 and one more hysteresis run at the static split with every request's submission and
 completion recorded (bench/gap.py's `Recorder`, the twin's recording hook) for the tail: the
-span of the last 10% of each step's requests, its share of the rollout span, and the longest request's life against
-the same request alone on an empty device (with the same speculation). Under the table,
-issue 25's acceptance lines (bench/acceptance.py `issue25_lines`).
+span of the last 10% of each step's requests, its share of the rollout span, and the longest
+request's life against the same request alone on an empty device (with the same speculation).
+Under the table, issue 25's acceptance lines (bench/acceptance.py `issue25_lines`).
 """
 
 from __future__ import annotations
