@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dynaresize.config import Config
 from dynaresize.core.rundir import RunDir
@@ -26,15 +26,23 @@ from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, WeightHandle
 
 
+class WeightIO(Protocol):
+    """Moves full weights between a `WeightHandle` and a file (Ray + torch on the real
+    backend, `app.runner.RayWeightIO`; the twin's `sim.harness.SimWeightIO`). Blocking: run
+    in a thread."""
+
+    def save(self, handle: WeightHandle, path: Path) -> None: ...
+
+    def load(self, path: Path) -> WeightHandle: ...
+
+
 @dataclass(frozen=True)
 class CheckpointTarget:
-    """Where and how often a run checkpoints. `weight_io` moves full weights between a
-    WeightHandle and a file (Ray + torch on the real backend): `save(handle, path)`
-    (blocking; run in a thread), `load(path) -> handle`."""
+    """Where and how often a run checkpoints; `weight_io` writes and reads full weights."""
 
     run_dir: str | os.PathLike[str]
     every: int
-    weight_io: Any
+    weight_io: WeightIO
 
 
 class NullCheckpointer:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from dynaresize.config import Config
@@ -59,6 +60,7 @@ from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, CheckpointTarget, NullCheckpointer
+from dynaresize.orchestrator.checkpoint_files import CheckpointState
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts, TrainSettings
@@ -95,7 +97,7 @@ class Orchestrator:
                  fail_op: Callable[[int, Op], bool] | None = None,
                  controller: Controller | None = None,
                  checkpoints: CheckpointTarget | None = None,
-                 resume_from: tuple[Any, Any] | None = None,
+                 resume_from: tuple[Path, CheckpointState] | None = None,
                  faults: DeviceFaults | None = None, injector: FaultInjector | None = None,
                  allocation: Allocation | None = None, switch: RoleSwitch | None = None,
                  evaluator: Evaluator | None = None) -> None:

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dynaresize.config.speculative import SpeculativeConfig
 
 DRAFTERS = ("prefix", "siblings", "history")
 
@@ -250,7 +253,7 @@ class Speculation:
         return self.pool.propose(key, budget)
 
 
-def settings_from_config(sp: Any) -> SpeculationSettings | None:
+def settings_from_config(sp: SpeculativeConfig) -> SpeculationSettings | None:
     """`[rollout.speculative]` (a `SpeculativeConfig`) -> an engine's settings; None if off."""
     if not sp.enabled:
         return None
