@@ -29,12 +29,13 @@ import builtins
 import re
 import sys
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynaresize.app.docs_index import (
+from dynaresize.app.docs_index import (  # noqa: F401  (Citation, Finding re-exported)
+    Citation,
     CodeIndex,
+    Finding,
     build_index,
     config_field_names,
     config_lookup,
@@ -82,30 +83,6 @@ CAMEL = re.compile(r"\b_?[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+\b")
 DEFAULT_AFTER = (re.compile(r"^\s*=\s*([^\s,;)]+(?:\s(?:KiB|MiB|GiB|s)\b)?)"),
                  re.compile(r"^\s*\((?:the\s+)?default:?\s+([^\s,;)]+)"),
                  re.compile(r"^\s*,\s*(?:default\s+)?([-+\d.e]+|true|false)\)"))
-
-
-@dataclass(frozen=True)
-class Citation:
-    """A piece of a doc to check: a backtick span, a code-block line or a diagram token."""
-
-    path: str
-    line: int
-    text: str
-    after: str = ""
-    """The text after the span on its line (for a cited default)."""
-    kind: str = "span"
-    """'span', 'code' (a line of a code block), 'diagram' (a token in one) or 'link'."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    path: str
-    line: int
-    cited: str
-    problem: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: `{self.cited}`: {self.problem}"
 
 
 def citations(path: str, text: str) -> list[Citation]:

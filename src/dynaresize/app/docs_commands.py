@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dynaresize.app.docs_check import Citation, Finding
+    from dynaresize.app.docs_index import Citation, Finding
 
 PLACEHOLDERS = {"HOST:PORT": "127.0.0.1:6379"}
 """What the check substitutes for a placeholder before parsing a command line."""
@@ -98,7 +98,7 @@ def _run_error(argv: list[str]) -> str | None:
 
 
 def _flags_only(c: Citation, tokens: list[str]) -> list[Finding]:
-    from dynaresize.app.docs_check import Finding
+    from dynaresize.app.docs_index import Finding
 
     subs = _subparsers()
     if len(tokens) < 2 or tokens[1] not in subs:
@@ -128,7 +128,7 @@ def _run_dirs_read(tokens: list[str]) -> list[str]:
 
 
 def _script_line(c: Citation, tokens: list[str], root: Path) -> list[Finding]:
-    from dynaresize.app.docs_check import Finding
+    from dynaresize.app.docs_index import Finding
 
     script = root / tokens[1] if len(tokens) > 1 else root
     if not script.is_file():
@@ -140,8 +140,7 @@ def _script_line(c: Citation, tokens: list[str], root: Path) -> list[Finding]:
 
 def _set_keys(c: Citation, tokens: list[str]) -> list[Finding]:
     """Every `--set section.key=...` names a config key."""
-    from dynaresize.app.docs_check import Finding
-    from dynaresize.app.docs_index import config_lookup
+    from dynaresize.app.docs_index import Finding, config_lookup
 
     bare = [t.strip("[]") for t in tokens]
     keys = [bare[i + 1].split("=")[0] for i, t in enumerate(bare[:-1]) if t == "--set"]
@@ -151,7 +150,7 @@ def _set_keys(c: Citation, tokens: list[str]) -> list[Finding]:
 
 def check_command(c: Citation, root: Path, run: bool, created: set[str]) -> list[Finding]:
     """Findings of one command line (`created`: run directories earlier lines wrote)."""
-    from dynaresize.app.docs_check import Finding
+    from dynaresize.app.docs_index import Finding
 
     tokens = _split(c.text.removeprefix("$ "))
     if not tokens:

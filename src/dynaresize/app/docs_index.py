@@ -19,6 +19,30 @@ from typing import Any
 PACKAGE = "dynaresize"
 
 
+@dataclass(frozen=True)
+class Citation:
+    """A piece of a doc to check: a backtick span, a code-block line or a diagram token."""
+
+    path: str
+    line: int
+    text: str
+    after: str = ""
+    """The text after the span on its line (for a cited default)."""
+    kind: str = "span"
+    """'span', 'code' (a line of a code block), 'diagram' (a token in one) or 'link'."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int
+    cited: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: `{self.cited}`: {self.problem}"
+
+
 @dataclass
 class ClassInfo:
     """A class: its members (methods, class and instance attributes) and its base names."""
