@@ -154,7 +154,7 @@ def _load_extra_commands() -> None:
     import importlib
 
     for name in ("dynaresize.sim.cli", "dynaresize.app.report", "dynaresize.app.bench",
-                 "dynaresize.app.export"):
+                 "dynaresize.app.export_cli"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

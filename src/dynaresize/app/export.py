@@ -15,12 +15,11 @@ character tokenizer, which is what is exported with them. Weights: RUN_DIR/model
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 from typing import Any
 
-from dynaresize.config import Config, ConfigError, load_config
+from dynaresize.config import Config, load_config
 
 CHAR_TASKS = ("count", "jsonl")
 """Tasks that tokenize with `CharTokenizer` whatever the model."""
@@ -119,26 +118,3 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     cfg = load_config(config, [], check_machine=False)
     state_dict = torch.load(run_weights_file(run), weights_only=True)
     return export_model(cfg, state_dict, out_dir)
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from dynaresize.cli import UsageError
-
-    if Path(args.out).resolve() == Path(args.run_dir).resolve():
-        raise UsageError("--out must not be the run directory itself")
-    try:
-        out = export_run(args.run_dir, args.out)
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    print(f"exported {args.run_dir} to {out} (transformers and vLLM load it as it is)")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("export", help="write a finished run's model as a Hugging Face "
-                            "folder (config, safetensors, tokenizer, generation config)")
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a `dynaresize train` run directory")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write")
-    parser.set_defaults(func=cmd_export)
