@@ -119,6 +119,17 @@ def _resume_point(cfg: Config, out_dir: str | Path | None, resume: bool,
     return _without_done_schedule(cfg, resume_from[1].num_steps), resume_from
 
 
+def _write_final_model(cfg: Config, versions: Any, run_dir: Path | None) -> None:
+    """The last version's weights (`output.save_model`) and its HF export
+    (`run.export_every`) in the run directory."""
+    if run_dir is None:
+        return
+    if cfg.output.save_model:
+        _save_model(versions.get(versions.latest), run_dir / "model.pt")
+    if cfg.run.export_every:
+        export_version(cfg, versions, run_dir)
+
+
 def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None = None,
                  pool: Any = None, progress: Progress | None = None,
                  fail_op: Any = None, resume: bool = False,
@@ -192,10 +203,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                        device_nodes=[pool.node_of[i] for i in range(pool.num_devices)],
                        **_eval_summary(evaluator), **injector.summary(orch.recovery.records))
         rundir.summary(summary)
-        if cfg.output.save_model and rundir.path is not None:
-            _save_model(orch.versions.get(orch.versions.latest), rundir.path / "model.pt")
-        if cfg.run.export_every and rundir.path is not None:
-            export_version(cfg, orch.versions, rundir.path)
+        _write_final_model(cfg, orch.versions, rundir.path)
         return summary
     finally:
         stop_ray_evaluator(evaluator)
