@@ -183,7 +183,7 @@ class CostModel:
         by `batch` tokens per iteration from `start_ctx_tokens`. Scalars or numpy arrays
         (broadcast element-wise) in, the same out."""
         if isinstance(num_iters, int) and isinstance(batch, int):
-            return self._span_scalar_s(num_iters, batch, float(start_ctx_tokens))
+            return self.span_scalar_s(num_iters, batch, float(start_ctx_tokens))
         n = np.asarray(num_iters, dtype=np.float64)
         b = np.asarray(batch, dtype=np.float64)
         c0 = np.asarray(start_ctx_tokens, dtype=np.float64)
@@ -200,7 +200,7 @@ class CostModel:
         return float(total) if total.ndim == 0 else total
 
     def __post_init__(self) -> None:
-        # constants of the hot path (`_span_scalar_s`), computed once per (frozen) model
+        # constants of the hot path (`span_scalar_s`), computed once per (frozen) model
         object.__setattr__(self, "hot_terms", (
             self._mem_bytes_per_s(), self.model.kv_bytes_per_token, self.model.weight_bytes,
             2.0 * self.model.num_params / (self.gpu.bf16_flops_per_s * self.decode_mfu)))
@@ -208,7 +208,7 @@ class CostModel:
 
     def span_terms(self, b: int) -> tuple[float, float]:
         """(compute seconds of one iteration at batch `b`, the KV context from which the memory
-        term binds): the batch-only parts of `_span_scalar_s`, cached (`SimDevice` inlines the
+        term binds): the batch-only parts of `span_scalar_s`, cached (`SimDevice` inlines the
         rest, with the same operations in the same order)."""
         cache: dict[int, tuple[float, float]] = self._span_terms  # type: ignore[attr-defined]
         got = cache.get(b)
@@ -218,7 +218,7 @@ class CostModel:
             got = cache[b] = (comp_s, (comp_s * bw - w) / kv)
         return got
 
-    def _span_scalar_s(self, n: int, b: int, c0: float) -> float:
+    def span_scalar_s(self, n: int, b: int, c0: float) -> float:
         """`decode_span_s` for plain ints: the simulator's hot path, without numpy."""
         if n <= 0:
             return 0.0
@@ -239,7 +239,7 @@ class CostModel:
         lo = min(hi, int(budget_s / self.decode_iter_s(batch, start_ctx_tokens + batch * hi)))
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._span_scalar_s(mid, batch, float(start_ctx_tokens)) <= budget_s:
+            if self.span_scalar_s(mid, batch, float(start_ctx_tokens)) <= budget_s:
                 lo = mid
             else:
                 hi = mid - 1

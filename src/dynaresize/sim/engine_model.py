@@ -98,7 +98,7 @@ class SimEngine:
         done: list[Completion] = []
         heap, running, waiting = self._finish_heap, self._running, self._waiting
         costs = self.costs
-        span, span_terms = costs._span_scalar_s, costs.span_terms
+        span, span_terms = costs.span_scalar_s, costs.span_terms
         bw, kv, w, _ = costs.hot_terms  # type: ignore[attr-defined]
         overhead_s = costs.iteration_overhead_s
         capacity = self.kv_capacity_tokens
@@ -127,7 +127,7 @@ class SimEngine:
             n = heap[0][0] - self._iter
             if kv_room < n:
                 n = kv_room
-            # `costs._span_scalar_s(n, batch, kv_tokens)` inlined (n >= 1), same arithmetic
+            # `costs.span_scalar_s(n, batch, kv_tokens)` inlined (n >= 1), same arithmetic
             comp_s, cross = span_terms(batch)
             first_mem = ceil((cross - kv_tokens) / batch)
             first_mem = 0 if first_mem < 0 else (n if first_mem > n else first_mem)

@@ -184,7 +184,7 @@ class SpecTable:
 
 def spec_span_s(costs: Any, n: int, comp_s: float, growth: float, c0: float) -> float:
     """`n` iterations with compute term `comp_s` each and the KV context growing by `growth`
-    tokens per iteration from `c0` (`CostModel._span_scalar_s` with the two decoupled)."""
+    tokens per iteration from `c0` (`CostModel.span_scalar_s` with the two decoupled)."""
     if n <= 0:
         return 0.0
     bw, kv, w, _ = costs.hot_terms
