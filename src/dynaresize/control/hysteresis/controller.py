@@ -71,7 +71,7 @@ class HysteresisController(Controller):
 
     @streams_training.setter
     def streams_training(self, value: bool) -> None:
-        self.model.streams_training = value
+        self.model.set_streams_training(value)
 
     def predict_step_s(self, num_rollout: int, num_devices: int, staleness: int) -> float:
         """The model's step time at a split (`StageModel.predict_step_s`)."""
@@ -79,7 +79,6 @@ class HysteresisController(Controller):
 
     def at_step_start(self, view: RunView) -> list[Move]:
         model = self.model
-        model.pipelined = view.pipelined
         model.update(view)
         n, r = view.allocation.num_devices, len(view.allocation.rollout)
         base = r + self.lending.returning(view.step - 1)  # the split before the lends
@@ -88,9 +87,9 @@ class HysteresisController(Controller):
         blocking = view.staleness == 0
         if not model.ready or view.num_pending_resizes:
             return moves_to(r, base, blocking)
-        was_ok = model.lend_ok
-        model.lend_ok = view.staleness == 0 and self.streams_training and \
-            self.p.release_tail and self.lending.pays(n)
+        lend_changed = model.choose_lending(
+            view.staleness == 0 and self.streams_training and self.p.release_tail
+            and self.lending.pays(n))
 
         def predict_s(k: int) -> float:
             return model.predict_step_s(k, n, view.staleness)
@@ -103,7 +102,7 @@ class HysteresisController(Controller):
         gain_s = now_s - predict_s(best)
         # the split was chosen for the lending mode: a change of mode re-plans it at once
         dwell_ok = (view.step - self._last_change_step >= self.p.min_dwell_steps
-                    or was_ok != model.lend_ok)
+                    or lend_changed)
         band = self.p.band * (FIRST_MOVE_BANDS if view.staleness and not model.widths_measured
                               else 1.0)
         if (not dwell_ok or gain_s <= band * now_s

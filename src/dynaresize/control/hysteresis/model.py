@@ -112,10 +112,21 @@ class StageModel:
         """Staleness 0: the current step lends engines (its split was chosen for lending;
         `dynaresize.control.hysteresis.lend.Lending.pays`)."""
 
+    def set_streams_training(self, value: bool) -> None:
+        """Whether the orchestrator trains each step's groups as they complete."""
+        self.streams_training = value
+
+    def choose_lending(self, ok: bool) -> bool:
+        """Record whether the current step lends engines; True if that changed."""
+        changed = ok != self.lend_ok
+        self.lend_ok = ok
+        return changed
+
     # ------------------------------------------------------------------ measurements
     def update(self, view: RunView) -> None:
         """Fold the steps finished since the last call into the estimates, and the resizes
         measured so far into the resize costs."""
+        self.pipelined = view.pipelined
         w = self.p.ema
         for timing in view.history[self.seen_steps:]:
             r = timing.num_rollout_devices
