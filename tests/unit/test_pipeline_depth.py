@@ -1,0 +1,68 @@
+"""Pipelining depth at staleness s (orchestrator/pipeline.py): how many tails, how many
+buffered samples, and the order in which the ends of runs are processed (pure, ms)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynaresize.orchestrator.pipeline import (
+    Endings,
+    buffered_samples_bound,
+    max_rolling_steps,
+    max_tails,
+)
+from dynaresize.orchestrator.state import sample_version
+
+
+@pytest.mark.parametrize("staleness", range(0, 9))
+def test_max_tails_is_what_the_versions_allow(staleness: int) -> None:
+    """Step t may start once version t - s exists, i.e. once step t - s - 1's samples are
+    all in: steps t - s .. t - 1 may still roll out, and no earlier one."""
+    tails = max_tails(staleness)
+    assert tails == staleness and max_rolling_steps(staleness) == staleness + 1
+    t = 20
+    needs = sample_version(t, staleness)  # version t - s needs every sample of step t - s - 1
+    earliest_running = needs  # step `needs` - 1 is done, step `needs` may still run
+    assert t - earliest_running == tails
+
+
+def test_bounds_refuse_negative_input() -> None:
+    with pytest.raises(ValueError, match="staleness = -1"):
+        max_tails(-1)
+    with pytest.raises(ValueError, match="samples_per_step = -3"):
+        buffered_samples_bound(1, -3)
+
+
+@pytest.mark.parametrize(("staleness", "bound"), [(0, 64), (1, 128), (2, 192), (8, 576)])
+def test_buffered_samples_bound(staleness: int, bound: int) -> None:
+    assert buffered_samples_bound(staleness, 64) == bound
+
+
+def test_endings_keep_at_most_s_in_step_order() -> None:
+    ends: Endings[int] = Endings(2)
+    assert ends.previous() is None and ends.over_bound() == []
+    ends.add(0)
+    assert ends.previous() == 0 and ends.over_bound() == []
+    ends.add(1)
+    assert ends.previous() == 1
+    assert ends.over_bound() == [0]  # keeping one more: the oldest is waited for first
+    ends.add(2)
+    with pytest.raises(RuntimeError, match="at most 2"):
+        ends.add(3)
+    assert list(ends) == [1, 2] and ends.take_all() == [1, 2] and len(ends) == 0
+
+
+def test_staleness_1_endings_are_the_single_tail() -> None:
+    """s = 1 keeps one tail: each step's end is waited for before the next one is kept."""
+    ends: Endings[str] = Endings(1)
+    ends.add("step 0")
+    assert ends.over_bound() == ["step 0"] and len(ends) == 0
+    ends.add("step 1")
+    assert ends.over_bound(keeping=0) == []
+
+
+def test_staleness_0_keeps_no_tail() -> None:
+    ends: Endings[int] = Endings(0)
+    with pytest.raises(RuntimeError):
+        ends.add(0)
+    assert ends.over_bound() == []
