@@ -66,3 +66,46 @@ def test_staleness_0_keeps_no_tail() -> None:
     with pytest.raises(RuntimeError):
         ends.add(0)
     assert ends.over_bound() == []
+
+
+def test_staleness_2_pipelines_three_steps_deep_with_the_plain_records(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The twin at staleness 2, streaming static: with pipelining, step k + 2's run starts
+    while steps k and k + 1 are both still tails (`EnginePool.tails` holds two), the sample
+    records equal the unpipelined run's, are written in step order, and the run is faster."""
+    import json
+
+    from dynaresize.control.fixed import FixedSplit
+    from dynaresize.orchestrator.engine_pool import EnginePool
+    from dynaresize.sim.costs import get_cost_model
+    from dynaresize.sim.harness import run_config, sim_config
+    from dynaresize.sim.workloads import get_workload
+
+    depth: list[tuple[int, int]] = []  # (tails, whether the newest run exists)
+    keep_tail = EnginePool.keep_tail
+
+    def watch(self: EnginePool, run) -> None:  # type: ignore[no-untyped-def]
+        keep_tail(self, run)
+        depth.append((len(self.tails), self.run is not None))
+
+    monkeypatch.setattr(EnginePool, "keep_tail", watch)
+    workload = get_workload("dapo-7b", seed=2, requests_per_step=1024)
+    costs = get_cost_model("h100-7b")
+    got = {}
+    for pipelined in (False, True):
+        depth.clear()
+        cfg = sim_config(workload, 4, 4, 7, 2, 0, costs)
+        cfg.controller.pipeline_rollouts = pipelined
+        out = tmp_path / str(pipelined)
+        run = run_config(cfg, workload, costs, controller=FixedSplit(), out_dir=out)
+        assert run.orchestrator is not None and run.orchestrator.pipelined == pipelined
+        rows = [json.loads(x) for x in open(out / "samples.jsonl")]
+        assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)  # step order
+        records = sorted((r["step"], r["prompt"], r["sample"], r["version"], r["tokens_sha256"])
+                         for r in rows)
+        got[pipelined] = (records, max((n for n, _ in depth), default=0),
+                          run.summary["wall_s"])
+    assert got[True][0] == got[False][0] and len(got[True][0]) == 7 * 1024
+    assert {(r[0], r[3]) for r in got[True][0]} == {(t, max(0, t - 2)) for t in range(7)}
+    assert got[False][1] == 0 and got[True][1] == 2  # never more than max_tails(2)
+    assert got[True][2] < got[False][2]

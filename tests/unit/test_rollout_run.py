@@ -270,3 +270,42 @@ def test_an_engine_packed_away_is_leaving_before_another_may_go() -> None:
     assert all(left >= 1 for _, remaining, left in released if remaining), released
     assert run.finished.is_set() and sorted(c.spec.key for c in run.completions) == \
         sorted(s.key for s in specs(2))
+
+
+def test_an_engine_being_packed_away_is_still_held_and_busy_for_the_pool() -> None:
+    """Regression (staleness 2, found by review): an engine a tail packs away exports its
+    requests to the others and only then leaves; meanwhile it is not among `devices()` but
+    the run still holds it (`held_devices`). The engine pool counted it free, so the next
+    step could load new weights on it, or a resize hand it to training, mid-export."""
+    from types import SimpleNamespace
+
+    from dynaresize.orchestrator.engine_pool import EnginePool
+
+    async def main() -> tuple[list[int], list[int], set[int], list[int]]:
+        engines = [GatedEngine(0), GatedEngine(1)]
+        run = RolloutRun(RealClock(), specs(2), RunSettings(0, 1, 1.0, pack_batch=2),
+                         on_completions=lambda c: None)
+        run.add_devices(engines)  # one request each
+        await run.drained.wait()
+        for _ in range(3):  # both engines are now inside a slice
+            await asyncio.sleep(0)
+        pool = EnginePool(SimpleNamespace(devices=engines), RealClock(),  # type: ignore[arg-type]
+                          None, None)  # type: ignore[arg-type]
+        pool.keep_tail(run)
+        released: list[int] = []
+        run.hand_off(lambda d: released.append(d.index))  # packs engine 1 (highest index)
+        await asyncio.sleep(0)
+        seen = (run.devices(), run.held_devices(), pool.tail_busy())
+        for _ in range(200):
+            if run.finished.is_set():
+                break
+            engines[1].open_gate(finish=False)
+            engines[0].open_gate(finish=True)
+            await asyncio.sleep(0)
+        await run.wait()
+        return (*seen, released)
+
+    active, held, busy, released = asyncio.run(main())
+    assert active == [0] and held == [0, 1], "the test must catch engine 1 mid-export"
+    assert busy == {0, 1}
+    assert 1 in released

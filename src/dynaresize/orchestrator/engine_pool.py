@@ -1,9 +1,10 @@
 """The engine pool: which rollout engines serve which step, and with which version.
 
 It owns the engines' loaded versions, the newest step's run (`run`) and, with pipelined
-rollouts, the previous step's tail (`tail_run`) and the engines on their way from it to the
-newest run; the devices a resize is taking out of the rollout (`leaving`) and the training
-devices serving before their resize commits (`serving_early`). The rollout loop drives it
+rollouts, the earlier steps' tails (`tails`, oldest first: at most `pipeline.max_tails(s)`)
+and the engines on their way from them to the newest run; the devices a resize is taking out
+of the rollout (`leaving`) and the training devices serving before their resize commits
+(`serving_early`). The rollout loop drives it
 (`start_run`, `keep_tail`, `end_run`); the resize executor calls its hooks
 (`stop_admission`, `requeue`, `start_serving`, `current_weights`).
 
@@ -34,14 +35,16 @@ class EnginePool:
         self.engine_version = {d.index: 0 for d in state.devices}
         self.run: RolloutRun | None = None
         """The newest step's rollout (what controllers see and resizes act on)."""
-        self.tail_run: RolloutRun | None = None
-        """The previous step's rollout while its tail still runs (pipelined only)."""
+        self.tails: list[RolloutRun] = []
+        """Earlier steps' rollouts whose tails still run, oldest first (pipelined only)."""
         self._tail_devices: set[int] = set()
-        """Devices still in `tail_run` or on their way from it to the newest run."""
+        """Devices on their way from a tail (or free) to the newest run."""
         self._num_rescues = 0
         """Tokens (negative) of `rescue_tail`s in `_tail_devices`."""
         self._settled = asyncio.Event()
         self._settled.set()
+        self._moved = asyncio.Event()
+        """Set whenever an engine arrived in a run or a tail ended (`gathered` re-checks)."""
         self.leaving: set[int] = set()
         """rollout → train devices stopped by a resize in progress: no new rollout work."""
         self.serving_early: set[int] = set()
@@ -62,18 +65,26 @@ class EnginePool:
         devices leaving are rollout devices."""
         return len(self.state.allocation.rollout) + len(self.serving_early) - len(self.leaving)
 
+    @property
+    def tail_run(self) -> RolloutRun | None:
+        """The newest tail (the previous step's run while it finishes), or None."""
+        return self.tails[-1] if self.tails else None
+
+    def is_tail(self, run: RolloutRun | None) -> bool:
+        return any(tail is run for tail in self.tails)
+
     async def settle(self) -> None:
-        """Return once a single step rolls out (no previous tail, no engine in transit)."""
-        while self.tail_run is not None or self._tail_devices:
+        """Return once a single step rolls out (no tail, no engine in transit)."""
+        while self.tails or self._tail_devices:
             self._settled.clear()
             await self._settled.wait()
 
     def tail_busy(self) -> set[int]:
-        """Rollout devices the previous step's tail still holds or that are on their way
-        from it to the newest run (pipelined; empty otherwise)."""
+        """Rollout devices a tail still holds, an engine leaving it (packed away, exporting)
+        included, or that are on their way to the newest run (pipelined; empty otherwise)."""
         busy = set(self._tail_devices)
-        if self.tail_run is not None:
-            busy.update(self.tail_run.devices())
+        for tail in self.tails:
+            busy.update(tail.held_devices())
         return busy
 
     def arriving(self) -> set[int]:
@@ -84,8 +95,33 @@ class EnginePool:
         return {i for i in self._tail_devices if i >= 0}
 
     def _check_settled(self) -> None:
-        if self.tail_run is None and not self._tail_devices:
+        self._moved.set()
+        if not self.tails and not self._tail_devices:
             self._settled.set()
+
+    async def gathered(self, run: RolloutRun) -> None:
+        """Return once `run`'s queue is empty (`drained`) or it holds every engine it can get
+        before a tail ends: every rollout device is in it or held by a tail, none in transit,
+        and its engines hold every remaining request at `max_running` each (once it hands
+        off, only they serve its queue).
+        At staleness >= 2 the loop may then move on (`pipeline`): a tail's last engine stays
+        until its run ends, so waiting for `drained` would keep the pipeline one tail deep;
+        the run hands off once the next step starts and its engines take the rest."""
+        while not run.drained.is_set() and not self._has_all_it_can(run):
+            self._moved.clear()
+            waits = [asyncio.ensure_future(self._moved.wait()),
+                     asyncio.ensure_future(run.drained.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
+
+    def _has_all_it_can(self, run: RolloutRun) -> bool:
+        # its own engines alone serve its queue once it hands off: they must hold it all
+        if self._tail_devices or \
+                run.remaining > len(run.devices()) * run.settings.max_running:
+            return False
+        held = set(run.held_devices()) | self.tail_busy()
+        return all(d.index in held for d in self.rollout_devices())
 
     # ------------------------------------------------------------------ runs (rollout loop)
     def start_run(self, run: RolloutRun) -> None:
@@ -93,20 +129,22 @@ class EnginePool:
         self.run = run
 
     def hand_off_tail(self) -> None:
-        """The previous tail's engines join the newest run as they empty."""
-        if self.tail_run is not None:
-            self.tail_run.hand_off(self.join_newest)
+        """Every tail's engines join the newest run as they empty (the older tails handed
+        off when their successor started; `join_newest` reads the newest run then)."""
+        for tail in self.tails:
+            tail.hand_off(self.join_newest)
 
     def keep_tail(self, run: RolloutRun) -> None:
-        """The loop moves on while `run`'s tail finishes (pipelined)."""
-        self.tail_run = run
+        """The loop moves on while `run`'s tail finishes (pipelined; the newest tail last)."""
+        self.tails.append(run)
 
     def end_run(self, run: RolloutRun) -> None:
-        """`run` finished: a tail's last engines go to the newest step."""
-        if self.tail_run is run:
+        """`run` finished (tails may finish in any order): its last engines go to the newest
+        step."""
+        if self.is_tail(run):
             for index in run.devices():
                 self.join_newest(self.state.devices[index])
-            self.tail_run = None
+            self.tails = [tail for tail in self.tails if tail is not run]
             self._check_settled()
         if self.run is run:
             self.run = None
@@ -197,7 +235,7 @@ class EnginePool:
         """A dead rollout device (fenced by recovery) leaves every run still holding it; its
         requests rerun on the others (a resize may have stopped it and met its death in
         `export_inflight`, before handing its requests back)."""
-        for run in (self.run, self.tail_run):
+        for run in (self.run, *self.tails):
             if run is not None:
                 run.drop_lost(device, exc)
 

@@ -12,10 +12,11 @@ k no longer uses, and every engine step k's tail empties joins it after loading 
 version (`RolloutRun.hand_off`; the last engine of step k stays until its run ends, so work
 requeued there always has an engine). An engine serves one version at a time and every request
 still runs with the version its step is owed, so the samples are those of the plain loop
-(design §2); only the time the tail leaves idle is used. At most two steps roll out at once
-(step k + 2 needs version k + 2 - s, which needs all of step k's samples when s = 1), and
-never while a resize is pending: a resize first waits until one step rolls out
-(`EnginePool.settle`), so its stop / requeue / start-serving hooks act on the one running step.
+(design §2); only the time the tail leaves idle is used. At most s + 1 steps roll out at once
+(`pipeline.max_tails`: step k needs version k - s, which needs all of step k - s - 1's samples),
+their ends are processed in step order (`pipeline.Endings`), and none is pipelined while a
+resize is pending: a resize first waits until one step rolls out (`EnginePool.settle`), so its
+stop / requeue / start-serving hooks act on the one running step.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts
+from dynaresize.orchestrator.pipeline import Endings
 from dynaresize.orchestrator.source import PromptLike, PromptSource
 from dynaresize.orchestrator.step_rollout import RolloutSettings, StepRollout
 from dynaresize.orchestrator.view import RunViews
@@ -65,7 +67,8 @@ class RolloutLoop:
     async def run(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
         settings, state, engines, resizer = self.settings, self.state, self.engines, self.resizer
-        ending: asyncio.Task[None] | None = None
+        endings: Endings[asyncio.Task[None]] = Endings(
+            settings.staleness if self.pipelined else 0)
         for step in range(state.start_step, settings.steps):
             state.enter_step(step)
             rollout = StepRollout(step, settings, self._prompts(step), self.source, self.clock,
@@ -77,15 +80,12 @@ class RolloutLoop:
             state.rollout_needs(version)
             for move in self.controller.at_step_start(self.view()):
                 if move.blocking:  # applied before the step's rollout starts
-                    if ending is not None:
-                        await ending
-                        ending = None
+                    await _wait(endings.take_all())
                     await resizer.resize(move.move, move.num_devices, step)
                 else:  # applied when the boundary comes; devices join the running step
                     rollout.fire(resizer.resize_soon(move, step))
-            if ending is not None and resizer.num_requested:
-                await ending  # no pipelining while a resize is pending
-                ending = None
+            if resizer.num_requested:
+                await _wait(endings.take_all())  # no pipelining while a resize is pending
             await self.switch.to_rollout(step)  # colocated: the devices become engines
             busy = engines.tail_busy()
             ready = [d for d in engines.rollout_devices() if d.index not in busy]
@@ -96,18 +96,17 @@ class RolloutLoop:
             engines.adopt_free_engines(run)
             engines.hand_off_tail()
             last = step + 1 >= settings.steps
-            if self.pipelined and not last:
-                await run.drained.wait()
-            if ending is not None:
-                await ending  # at most two steps roll out at once
-                ending = None
+            if self.pipelined and not last:  # s >= 2: `EnginePool.gathered`
+                await (run.drained.wait() if settings.staleness < 2 else engines.gathered(run))
+            await _wait(endings.over_bound())  # at most s + 1 steps roll out at once
+            previous = endings.previous()
             if self.pipelined and not last and not resizer.num_requested:
                 engines.keep_tail(run)  # the loop moves on; this step ends in the background
-                ending = self.background.spawn(self._end(rollout))
+                endings.add(self.background.spawn(self._end(rollout, previous)))
             else:
-                await self._end(rollout)
-        if ending is not None:
-            await ending
+                await self._end(rollout, previous)
+                await _wait(endings.take_all())  # ended before it (done)
+        await _wait(endings.take_all())
         self.background.finish()
 
     def _prompts(self, step: int) -> list[PromptLike]:
@@ -167,7 +166,7 @@ class RolloutLoop:
             if not recovery.on_rollout_lost(device, exc):
                 return False
             run = rollout.run
-            if run is not None and run is engines.tail_run and run.remaining \
+            if run is not None and engines.is_tail(run) and run.remaining \
                     and not run.devices():
                 engines.rescue_tail(run, rollout.version, device.index)
             return True
@@ -185,13 +184,17 @@ class RolloutLoop:
         return (not self.controller.needs_progress and self.injector is None
                 and self.resizer.num_pending == 0 and not self.streaming)
 
-    async def _end(self, rollout: StepRollout) -> None:
-        """Wait for the step's last request, post its samples for the train loop, apply the
+    async def _end(self, rollout: StepRollout,
+                   previous: asyncio.Task[None] | None = None) -> None:
+        """Wait for the step's last request (its engines go to the newest step at once) and
+        for the `previous` step's end, post its samples for the train loop, apply the
         rollout-end moves and wait for every resize the step fired."""
         run = rollout.run
         assert run is not None
         await run.wait()
         self.engines.end_run(run)
+        if previous is not None:
+            await previous  # ends in step order (pipeline.Endings)
         for device, (a, b) in run.busy_s.items():
             self.rundir.event(a, b, device, "rollout", critical=True, step=rollout.step)
         got = rollout.assemble()
@@ -205,3 +208,8 @@ class RolloutLoop:
         for move in self.controller.at_rollout_end(self.view()):
             rollout.fire(self.resizer.resize_soon(move, rollout.step))
         await rollout.finish_moves()
+
+
+async def _wait(ends: list[asyncio.Task[None]]) -> None:
+    for end in ends:
+        await end

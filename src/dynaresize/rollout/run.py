@@ -8,12 +8,9 @@ in-flight requests are exported (token prefix + sampler state) and requeued at t
 on the other engines.
 
 Progress is reported at a bounded granularity: completions reach `on_completions` in batches of at
-least `PROGRESS_FRACTION` (1%) of the requests in flight (dispatched, unfinished), so one by one
-while at most 100 are in flight, and always before the run finishes. Completions arrive at about
-(requests in flight / mean request duration), so a watcher (controller, fault injection) sees
-progress at most ~1% of a request's duration late, whatever the queue; an 8192-request step with
-every request in flight makes ~550 reports instead of 8192. Nothing else waits for the reports:
-dispatch still happens at every completion.
+least `PROGRESS_FRACTION` (1%) of the requests in flight (dispatched, unfinished), and always before
+the run finishes, so a watcher (controller, fault injection) sees progress at most ~1% of a
+request's duration late, whatever the queue. Dispatch still happens at every completion.
 
 A run is built complete (`RunSettings`, its callbacks, the engine pool's `Arrivals`) and changed
 only through its methods. Its parts: `slots` (the engines and dispatch), `tail_order` (the queue
@@ -102,8 +99,7 @@ class RolloutRun:
             self._set_finished()
 
     def _set_finished(self) -> None:
-        """Every request completed, or the run failed: either way nothing waits to be
-        dispatched any more (a loop waiting for `drained` moves on, then sees the error)."""
+        """Every request completed, or the run failed: nothing waits for dispatch any more."""
         self.finished.set()
         self.drained.set()
 
@@ -122,6 +118,10 @@ class RolloutRun:
 
     def devices(self) -> list[int]:
         return sorted(s.index for s in self._slots.active())
+
+    def held_devices(self) -> list[int]:
+        """`devices()` and those leaving (packed, stopped): busy until their export returns."""
+        return sorted(s.index for s in self._slots)
 
     def idle_devices(self) -> list[int]:
         """Devices with nothing left to run here: no request, and none queued for anyone."""
