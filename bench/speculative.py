@@ -9,10 +9,17 @@ requests of a prompt run one after another, so later samples see their finished 
 (the drafter's situation in the tail). Reported: tokens/s per engine over every request and over
 the longest quarter (the tail), accepted draft tokens per verify iteration, and whether `on`
 produced exactly `off`'s tokens and log-probs. Writes its block into docs/results.md
-(`--write-results`) and the acceptance histogram into docs/data/spec_acceptance.json (the twin
-calibrates from it).
+(`--write-results`) and the acceptance histograms into docs/data/spec_acceptance.json: accepted
+drafts per verify iteration (`accepted_histogram`) and accepted tokens per iteration of a
+speculating request (`accepted_per_iteration`, which the twin calibrates from: an iteration
+that found no draft counts as 1 token, one that accepted a drafts as 1 + a).
 
     python bench/speculative.py --prompts 2 --samples 3 --max-new-tokens 256 --write-results
+
+`--histogram-only` adds `accepted_per_iteration` to an existing spec_acceptance.json written
+before the field existed, from its own counts: the `on` engine's forwards are
+accepted_tokens / (tokens_per_forward["on"] - 1), since each forward gives one token plus its
+accepted drafts (exact for the file's counts; no rerun).
 """
 
 from __future__ import annotations
@@ -111,6 +118,28 @@ def _per_forward(rows: list[dict[str, Any]], name: str) -> float:
     return sum(r[f"{name}_tokens"] for r in rows) / sum(r[f"{name}_forwards"] for r in rows)
 
 
+def per_iteration(accepted_histogram: dict[int, int], num_verify: int, num_forwards: int
+                  ) -> dict[int, int]:
+    """Accepted tokens per iteration (1 + accepted drafts) over every forward of a request:
+    the `num_forwards - num_verify` forwards without a draft give 1 token each."""
+    plain = num_forwards - num_verify
+    if plain < 0 or sum(accepted_histogram.values()) != num_verify:
+        raise ValueError(f"{num_forwards} forwards, {num_verify} verify iterations, histogram "
+                         f"{accepted_histogram}: inconsistent counts")
+    out = {a + 1: n for a, n in sorted(accepted_histogram.items())}
+    out[1] = out.get(1, 0) + plain
+    return dict(sorted(out.items()))
+
+
+def add_histogram(data: dict[str, Any]) -> dict[str, Any]:
+    """`--histogram-only`: `accepted_per_iteration` from a file's own counts (module doc)."""
+    extra = data["tokens_per_forward"]["on"] - 1.0
+    forwards = round(data["accepted_tokens"] / extra) if extra > 0 else data["verify_iterations"]
+    hist = {int(k): v for k, v in data["accepted_histogram"].items()}
+    return {**data, "forwards_on": forwards,
+            "accepted_per_iteration": per_iteration(hist, data["verify_iterations"], forwards)}
+
+
 def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
                ) -> dict[str, Any]:
     tail = sorted(rows, key=lambda r: r["tokens"])[-max(1, len(rows) // 4):]
@@ -127,6 +156,9 @@ def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
         "tokens_per_forward": {n: _per_forward(rows, n) for n in ("base", "off", "on")},
         "tail_tokens_per_forward": {n: _per_forward(tail, n) for n in ("base", "off", "on")},
         "accepted_histogram": hist,
+        "forwards_on": sum(r["on_forwards"] for r in rows),
+        "accepted_per_iteration": per_iteration(hist, iters,
+                                                sum(r["on_forwards"] for r in rows)),
         "verify_iterations": iters,
         "mean_accepted_per_verify": stats.num_accepted_tokens / iters if iters else 0.0,
         "draft_tokens": stats.num_draft_tokens, "accepted_tokens": stats.num_accepted_tokens,
@@ -182,7 +214,16 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--write-results", action="store_true")
+    parser.add_argument("--histogram-only", action="store_true",
+                        help="add accepted_per_iteration to docs/data/spec_acceptance.json "
+                             "from its own counts (no run)")
     args = parser.parse_args()
+    if args.histogram_only:
+        path = ROOT / "docs" / "data" / "spec_acceptance.json"
+        data = add_histogram(json.loads(path.read_text(encoding="utf-8")))
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(data["accepted_per_iteration"])
+        return
     result = run(args)
     block = format_block(result)
     print(block)
