@@ -164,19 +164,27 @@ class EnginePool:
         self._tail_devices.add(device.index)
         self.background.spawn(self._move_to_newest(device))
 
+    def _destination(self) -> RolloutRun | None:
+        """Where an engine leaving a tail goes: the oldest tail whose queue never emptied
+        (staleness >= 2: the loop moved on from it, `gathered`), else the newest run."""
+        for tail in self.tails:
+            if not tail.drained.is_set():
+                return tail
+        return self.run
+
     async def _move_to_newest(self, device: Device) -> None:
         """Load the newest step's version on `device` and add it to that step's run (if
         that run ended meanwhile, the device waits, free, for the next one; if a resize took
         it out meanwhile, it stays out)."""
         try:
             while True:
-                run = self.run
+                run = self._destination()
                 if run is None or run.finished.is_set() or device.index in self.leaving:
                     return
                 if self.engine_version[device.index] != run.version:
                     await self.load_version(run.version, self.state.versions.get(run.version),
                                             [device])
-                if self.run is run and not run.finished.is_set() \
+                if self._destination() is run and not run.finished.is_set() \
                         and device.index not in self.leaving:
                     run.add_devices([device])
                     return
