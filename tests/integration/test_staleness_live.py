@@ -1,6 +1,7 @@
 """Fixed staleness 2 on the real path (Ray actors, gloo, FSDP2, CPU): every sample of step t
 from version t - 2, and a forced schedule of resizes (some mid-rollout, requests migrated)
-changes neither samples.jsonl nor the final parameters (issue 25)."""
+changes neither samples.jsonl nor the final parameters (issue 25); nor does pipelining the
+rollouts s + 1 steps deep with packed tails."""
 
 from __future__ import annotations
 
@@ -41,3 +42,9 @@ def test_staleness_2_forced_schedule_same_samples_and_params(device_pool: Any,
     assert {(k[0], v[0]) for k, v in view.items()} == {(t, max(0, t - 2)) for t in range(5)}
     assert sample_view(tmp_path / "forced") == view
     assert forced["param_sha256"] == plain["param_sha256"]
+    # streaming training with pipelined rollouts up to 3 steps deep (two tails) and packed
+    # tails (their engines export requests to the others while the next steps start)
+    deep = run(device_pool, tmp_path / "deep", "controller.policy='fixed'",
+               "controller.pipeline_rollouts=true", "rollout.pack_batch=2")
+    assert sample_view(tmp_path / "deep") == view
+    assert deep["param_sha256"] == plain["param_sha256"]
