@@ -9,7 +9,7 @@ of the rollout (`leaving`) and the training devices serving before their resize 
 (`stop_admission`, `requeue`, `start_serving`, `current_weights`).
 
 Invariant: an engine joins a run only once it serves that run's version, and every rollout
-device not in transit is in the running step's run.
+device not in transit is in the newest run or held by a tail.
 """
 
 from __future__ import annotations
