@@ -1,5 +1,6 @@
 """Dynamic sampling in the twin: `FilteredWorkload` and a simulated run that keeps B groups a
-step out of 1-3 drawn rounds, the same records under the static split and hysteresis."""
+step out of a prompt stream topped up live, the same records under the static split and
+hysteresis."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def test_twin_run_keeps_b_groups_and_records_every_group(tmp_path: Path) -> None
         assert any(not r["kept"] for r in records)
         drawn = {r["step"]: r["prompt"] for r in records}
         assert max(drawn.values()) >= 8  # later steps drew more than one round
+        # step 0 (no filter rate yet) dispatched B up front, then was topped up live
+        assert max(r["prompt"] for r in records if r["step"] == 0) >= 8
         views[policy] = sorted((r["step"], r["prompt"], r["sample"], r["kept"], r["reward"])
                                for r in records)
     assert views["static"] == views["hysteresis"]
