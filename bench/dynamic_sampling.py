@@ -20,6 +20,7 @@ Throughput is trained samples per second (B x 16 a step in every run).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -37,14 +38,36 @@ CASES = [("dapo-7b", 32, 64), ("dapo-7b", 64, 128), ("agentic", 32, 64)]
 SAMPLES, MAX_ROUNDS, LOW, HIGH = 16, 3, 0.3, 0.6
 
 
-def workloads(name: str, batch: int, steps: int) -> dict[str, object]:
+def workloads(name: str, batch: int, steps: int, sweep: bool) -> dict[str, object]:
+    """The rows of a case; `sweep`: the filtered one also with margins 0 and 1."""
     pool = get_workload(name, seed=0, prompts_per_step=batch * MAX_ROUNDS,
                         samples_per_prompt=SAMPLES)
-    return {"plain": get_workload(name, seed=0, prompts_per_step=batch,
-                                  samples_per_prompt=SAMPLES),
-            "ds f=0": FilteredWorkload(pool, batch, MAX_ROUNDS, 0.0),
-            f"ds f={LOW}-{HIGH}": FilteredWorkload(pool, batch, MAX_ROUNDS,
-                                                   drawn_filter_rates(LOW, HIGH, steps))}
+    rates = drawn_filter_rates(LOW, HIGH, steps)
+    rows: dict[str, object] = {
+        "plain": get_workload(name, seed=0, prompts_per_step=batch, samples_per_prompt=SAMPLES),
+        "ds f=0": FilteredWorkload(pool, batch, MAX_ROUNDS, 0.0),
+        f"ds f={LOW}-{HIGH}": FilteredWorkload(pool, batch, MAX_ROUNDS, rates)}
+    for margin in (0.0, 1.0) if sweep else ():
+        rows[f"ds f={LOW}-{HIGH} margin {margin:g}"] = FilteredWorkload(
+            pool, batch, MAX_ROUNDS, rates, margin=margin)
+    return rows
+
+
+def up_front_fillers(wl: object, batch: int, steps: int, staleness: int) -> float:
+    """The share of trained groups WITHOUT a signal under the previous rule (no top-up:
+    ceil(1 / (1 - f)) rounds of B up front, a shortfall filled with groups without a signal),
+    replayed on the workload's signals."""
+    if not isinstance(wl, FilteredWorkload):
+        return 0.0
+    rates: dict[int, float] = {}
+    fillers = 0
+    for k in range(steps):
+        f = rates.get(k - 1 - staleness)
+        rounds = 1 if f is None else min(MAX_ROUNDS, math.ceil(1 / (1 - f) - 1e-9))
+        signal = [wl.group_has_signal(k, p) for p in range(rounds * batch)]
+        fillers += max(0, batch - sum(signal))
+        rates[k] = 1 - sum(signal) / len(signal)
+    return fillers / (steps * batch)
 
 
 def batch_sizes(wl: object, batch: int, steps: int, staleness: int
@@ -54,7 +77,9 @@ def batch_sizes(wl: object, batch: int, steps: int, staleness: int
     prompts dispatched beyond N depend on timing and are not counted)."""
     if not isinstance(wl, FilteredWorkload):
         return 1.0, 1.0
-    plan, rates, ups, sizes = DynamicSampling(batch, MAX_ROUNDS), {}, [], []
+    plan = DynamicSampling(batch, MAX_ROUNDS, wl.margin)
+    rates: dict[int, float] = {}
+    ups, sizes = [], []
     for k in range(steps):
         initial = plan.initial_for(rates.get(k - 1 - staleness))
         order = list(range(plan.pool_size))
@@ -70,9 +95,10 @@ def batch_sizes(wl: object, batch: int, steps: int, staleness: int
     return sum(ups) / steps, sum(sizes) / steps
 
 
-def run_case(name: str, gpus: int, batch: int, steps: int, staleness: int) -> list[str]:
+def run_case(name: str, gpus: int, batch: int, steps: int, staleness: int,
+             sweep: bool) -> list[str]:
     rows = []
-    for label, wl in workloads(name, batch, steps).items():
+    for label, wl in workloads(name, batch, steps, sweep).items():
         res = simulate(wl, gpus, ("static", "reference", "hysteresis"), steps=steps,
                        staleness=staleness, seed=0)
         by = {r["policy"]: r for r in res["results"]}
@@ -84,7 +110,8 @@ def run_case(name: str, gpus: int, batch: int, steps: int, staleness: int) -> li
                     f"{ref['samples_per_s']:.2f} | {hyst['samples_per_s']:.2f} | "
                     f"{hyst.get('num_resizes', 0)} | "
                     f"**{hyst['samples_per_s'] / static['samples_per_s']:.3f}x** | "
-                    f"{hyst['samples_per_s'] / ref['samples_per_s']:.3f}x |")
+                    f"{hyst['samples_per_s'] / ref['samples_per_s']:.3f}x | "
+                    f"{up_front_fillers(wl, batch, steps, staleness):.1%} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -102,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     lines = ["| workload | GPUs | batch | sampling | up front / batch (x B) | best static | "
              "static samples/s | reference samples/s | hysteresis samples/s | resizes | "
-             "hysteresis / static | hysteresis / reference |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "hysteresis / static | hysteresis / reference | no-signal groups trained "
+             "by the up-front rule |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i in cases:
-        lines += run_case(*CASES[i], steps, args.staleness)
+        lines += run_case(*CASES[i], steps, args.staleness, sweep=i == 0)
     lines.append("")
     lines.append(f"`python bench/dynamic_sampling.py` ({steps} steps, staleness "
                  f"{args.staleness}, seed 0, cost model h100-7b; {time.time() - t0:.0f} s "

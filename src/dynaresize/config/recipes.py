@@ -59,10 +59,11 @@ class DynamicSamplingConfig:
                          "the rewards, never of timing); its other groups are recorded as "
                          "dropped (kept = false). Streaming training needs "
                          "train.max_tokens_per_micro_batch > 0 with it (a group trains once it "
-                         "is known to be kept); no pipelined rollouts.", default=False)
+                         "is known to be kept).", default=False)
     max_rounds: int = _doc("Cap: the step's stream holds max_rounds x task.prompts_per_step "
                            "prompts.", default=3)
     margin: float = _doc("Prompts dispatched up front: (1 + margin) x B / (1 - f), f the "
                          "filter rate of the newest step that ended before this one started "
                          "(B before there is one), within [B, the stream]; the top-up "
-                         "dispatches the rest as groups finish.", default=0.0)
+                         "dispatches the rest as groups finish (a shortfall costs one more "
+                         "group's latency: docs/results.md#twin-dynamic).", default=0.5)

@@ -134,8 +134,7 @@ class Orchestrator:
                                        and not cfg.train.max_tokens_per_micro_batch))
         """Training streams over completed groups (`dynaresize.core.stream`)."""
         self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
-                              and cfg.controller.pipeline_rollouts and injector is None
-                              and not cfg.train.dynamic_sampling.enabled)
+                              and cfg.controller.pipeline_rollouts and injector is None)
         """Step k + 1's rollout starts on the engines step k's tail has emptied."""
         self.views = RunViews(state, engines, self.resizer, boundary, board, clock,
                               cfg.run.staleness, self.pipelined,
