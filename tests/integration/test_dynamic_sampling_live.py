@@ -1,8 +1,9 @@
 """Dynamic sampling (`[train.dynamic_sampling]`, core/dynamic_sampling.py) on the real path:
-which prompts are drawn and which groups are kept is a function of the seed and the rewards
-only, so a run with a forced schedule of resizes (some mid-rollout, requests migrated) writes
-the same records, kept and dropped groups alike, and ends with the same parameters as the
-static run. The DAPO loss options are on too."""
+which prompts enter a step's batch (dispatched up front or topped up live as groups finish)
+and which groups are kept is a function of the seed and the rewards only, so a run with a
+forced schedule of resizes (some mid-rollout, requests migrated) writes the same records,
+kept and dropped groups alike, and ends with the same parameters as the static run. The DAPO
+loss options are on too."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_forced_resizes_keep_the_dynamic_sampling_records(device_pool: Any, stat
         if r["kept"]:
             per_step.setdefault(r["step"], set()).add(r["prompt"])
     assert all(len(prompts) == 4 for prompts in per_step.values())  # B groups train
-    assert any(not r["kept"] for r in records)  # later steps drew a second round
+    assert any(not r["kept"] for r in records)  # groups without a signal: topped up live
 
 
 def test_streamed_training_of_kept_groups_gives_the_static_update(device_pool: Any,

@@ -8,7 +8,8 @@ import pytest
 
 from dynaresize.core.dynamic_sampling import (
     DynamicSampling,
-    certain_shortfall,
+    KeepTracker,
+    TopUp,
     filter_rate,
     has_signal,
     rate_step,
@@ -18,14 +19,12 @@ from dynaresize.core.dynamic_sampling import (
 PLAN = DynamicSampling(groups_per_step=4, max_rounds=3, margin=0.25)
 
 
-def test_rounds_follow_the_filter_rate_within_the_cap() -> None:
+def test_initial_count_follows_the_filter_rate_within_the_stream() -> None:
     assert PLAN.pool_size == 12
-    # (1 + 0.25) / (1 - f): 1.25 -> 2 rounds, 0.5 -> 2.5 -> 3, 0.9 -> 12.5 -> cap 3
-    assert [PLAN.rounds_for(f) for f in (None, 0.0, 0.2, 0.5, 0.9, 1.0)] == [1, 2, 2, 3, 3, 3]
-    assert DynamicSampling(4, 5, margin=0.0).rounds_for(0.0) == 1
-    assert PLAN.round_prompts(list(range(100, 112)), 2) == list(range(100, 108))
-    with pytest.raises(ValueError, match="rounds"):
-        PLAN.round_prompts(list(range(12)), 4)
+    # 1.25 x 4 / (1 - f): 5, 6.25 -> 7, 10, 50 -> the stream's 12; unknown: B
+    assert [PLAN.initial_for(f) for f in (None, 0.0, 0.2, 0.5, 0.9, 1.0)] == \
+        [4, 5, 7, 10, 12, 12]
+    assert [DynamicSampling(4, 3).initial_for(f) for f in (0.0, 0.3, 0.5)] == [4, 6, 8]
 
 
 def test_rate_step_is_an_ended_step() -> None:
@@ -58,12 +57,6 @@ def test_selection_depends_on_rewards_not_on_arrival_order() -> None:
         assert select_groups(order, dict(items), 4) == reference
 
 
-def test_certain_shortfall() -> None:
-    # 8 groups drawn, 4 wanted: 4 may lack a signal; the 5th without one decides it
-    assert not certain_shortfall(8, 4, 4)
-    assert certain_shortfall(8, 5, 4)
-
-
 def test_bad_inputs() -> None:
     with pytest.raises(ValueError):
         DynamicSampling(0, 2)
@@ -72,8 +65,6 @@ def test_bad_inputs() -> None:
 
 
 def test_keep_tracker_releases_exactly_the_kept_groups_in_any_completion_order() -> None:
-    from dynaresize.core.dynamic_sampling import KeepTracker
-
     rng = random.Random(9)
     for trial in range(200):
         order = list(range(10, 22))
@@ -89,12 +80,11 @@ def test_keep_tracker_releases_exactly_the_kept_groups_in_any_completion_order()
             assert not set(new) & set(released)
             assert set(new) <= set(kept)  # never releases a group that is not kept
             released += new
+        released += tracker.seal(len(order))
         assert sorted(released) == kept, trial
 
 
 def test_keep_tracker_releases_early_groups_at_once() -> None:
-    from dynaresize.core.dynamic_sampling import KeepTracker
-
     tracker = KeepTracker([1, 2, 3, 4, 5, 6], 2)
     assert tracker.complete(2, True) == [2]  # at most group 1 before it: surely kept
     assert tracker.complete(5, True) == []  # 1, 3, 4 unfinished: may have a signal
@@ -102,3 +92,58 @@ def test_keep_tracker_releases_early_groups_at_once() -> None:
     assert tracker.complete(3, True) == [3]
     assert tracker.complete(4, True) == []  # third with a signal: dropped
     assert tracker.complete(6, False) == []
+    assert tracker.seal(6) == []  # 2 and 3 were released already
+
+
+def run_top_up(order: list[int], signal: dict[int, bool], wanted: int, initial: int,
+               rng: random.Random) -> tuple[TopUp, KeepTracker, list[int]]:
+    """Groups finish in a random order among those in flight (any timing); returns the
+    top-up, a tracker fed the same completions and sealed, and what it released."""
+    top_up, tracker = TopUp(order, wanted, initial), KeepTracker(order, wanted)
+    in_flight, released = top_up.first(), []
+    while in_flight:
+        p = in_flight.pop(rng.randrange(len(in_flight)))
+        in_flight += top_up.complete(p, signal[p])
+        released += tracker.complete(p, signal[p])
+    assert top_up.done
+    return top_up, tracker, released + tracker.seal(top_up.batch_size())
+
+
+def test_top_up_batch_is_a_function_of_rewards_not_of_timing() -> None:
+    rng = random.Random(3)
+    for trial in range(300):
+        order = rng.sample(range(100), 12)
+        signal = {p: rng.random() < rng.choice((0.2, 0.5, 0.9)) for p in order}
+        wanted = rng.randint(1, 5)
+        initial = rng.randint(wanted, 12)
+        # the reference: the first N prompts, N = max(initial, first n with `wanted` signals)
+        found, size = 0, len(order)
+        for n, p in enumerate(order, 1):
+            found += signal[p]
+            if found == wanted:
+                size = max(initial, n)
+                break
+        kept, _ = select_groups(order[:size], {p: [float(signal[p]), 0.0]
+                                               for p in order[:size]}, wanted)
+        for _ in range(4):
+            top_up, _, released = run_top_up(order, signal, wanted, initial, rng)
+            assert top_up.batch() == order[:size], trial
+            assert sorted(released, key=order.index) == kept, trial
+            assert top_up.num_dispatched >= size
+
+
+def test_top_up_dispatches_one_prompt_per_group_without_a_signal() -> None:
+    order = [10, 11, 12, 13, 14, 15, 16, 17]
+    top_up = TopUp(order, 2, 3)
+    assert top_up.first() == [10, 11, 12]
+    assert top_up.complete(11, False) == [13]
+    assert top_up.complete(10, True) == []
+    assert top_up.complete(13, False) == [14]
+    assert top_up.complete(14, True) == []  # 10 and 14: the batch is at most 5 prompts
+    assert top_up.complete(12, False) == []  # so no more is dispatched
+    assert top_up.done and top_up.batch() == [10, 11, 12, 13, 14]
+    with pytest.raises(ValueError, match="initial"):
+        TopUp(order, 4, 2)
+    unfinished = TopUp(order, 2, 2)
+    with pytest.raises(ValueError, match="unfinished"):
+        unfinished.batch_size()

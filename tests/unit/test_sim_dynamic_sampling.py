@@ -1,5 +1,6 @@
 """Dynamic sampling in the twin: `FilteredWorkload` and a simulated run that keeps B groups a
-step out of 1-3 drawn rounds, the same records under the static split and hysteresis."""
+step out of a prompt stream topped up live, the same records under the static split and
+hysteresis."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ def test_filtered_workload_draws_signals_at_the_rate() -> None:
 
 def test_twin_run_keeps_b_groups_and_records_every_group(tmp_path: Path) -> None:
     wl = filtered(drawn_filter_rates(0.3, 0.6, 6))
-    simulate(wl, 8, ("static", "hysteresis"), steps=6, staleness=1, seed=0, out_dir=tmp_path,
-             cost_model="h100-7b", split=4)
+    simulate(wl, 8, ("static", "hysteresis", "fixed"), steps=6, staleness=1, seed=0,
+             out_dir=tmp_path, cost_model="h100-7b", split=4)
     views = {}
-    for policy in ("static", "hysteresis"):
+    for policy in ("static", "hysteresis", "fixed"):
         records = read_jsonl(tmp_path / policy / "samples.jsonl")
         kept: dict[int, set[int]] = {}
         for r in records:
@@ -44,6 +45,8 @@ def test_twin_run_keeps_b_groups_and_records_every_group(tmp_path: Path) -> None
         assert any(not r["kept"] for r in records)
         drawn = {r["step"]: r["prompt"] for r in records}
         assert max(drawn.values()) >= 8  # later steps drew more than one round
+        # step 0 (no filter rate yet) dispatched B up front, then was topped up live
+        assert max(r["prompt"] for r in records if r["step"] == 0) >= 8
         views[policy] = sorted((r["step"], r["prompt"], r["sample"], r["kept"], r["reward"])
                                for r in records)
-    assert views["static"] == views["hysteresis"]
+    assert views["static"] == views["hysteresis"] == views["fixed"]  # fixed: pipelined

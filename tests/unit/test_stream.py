@@ -229,10 +229,13 @@ def test_dynamic_sampling_streams_exactly_the_kept_groups() -> None:
     for seed in range(5):
         stream = StepStream(1, 0, pool, n, 2, max_tokens_per_micro_batch=budget,
                             keep_groups=keep)
+        stream.grow(len(pool))  # every prompt of the stream dispatched
         order = comps[:]
         random.Random(seed).shuffle(order)
         for c in order:
             stream.add(c, rewards[(c.spec.prompt, c.spec.sample)])
+        assert not stream.complete  # until the batch is known (`seal`)
+        stream.seal(len(pool))
         assert stream.complete
         got, rate = assemble_dynamic(1, 0, pool, comps, rewards, n, keep, 0.0)
         assert rate == pytest.approx(2 / 6)

@@ -51,16 +51,19 @@ class LossConfig:
 class DynamicSamplingConfig:
     """`[train.dynamic_sampling]`: DAPO's dynamic sampling (docs/recipes.md)."""
 
-    enabled: bool = _doc("Train each step on task.prompts_per_step groups whose rewards are "
-                         "not all equal, out of up to max_rounds rounds of that many prompts "
-                         "drawn at once; the other groups are recorded as dropped (kept = "
-                         "false). Which groups: the first ones with a signal in the seeded "
-                         "order (never timing). Streaming training needs "
+    enabled: bool = _doc("Train each step on task.prompts_per_step (B) groups whose rewards "
+                         "are not all equal, from a seeded stream of max_rounds x B prompts: "
+                         "some are dispatched up front, then one more each time a group "
+                         "without a signal finishes. The batch is the first prompts of the "
+                         "stream up to the B-th with a signal (a function of the seed and "
+                         "the rewards, never of timing); its other groups are recorded as "
+                         "dropped (kept = false). Streaming training needs "
                          "train.max_tokens_per_micro_batch > 0 with it (a group trains once it "
                          "is known to be kept).", default=False)
-    max_rounds: int = _doc("Cap: at most this many rounds of task.prompts_per_step prompts "
-                           "per step.", default=3)
-    margin: float = _doc("Rounds drawn: enough for (1 + margin) x the batch at the filter "
-                         "rate of the newest step that ended before this one started (0: "
-                         "exactly the batch, expected; a shortfall fills with groups without "
-                         "a signal).", default=0.0)
+    max_rounds: int = _doc("Cap: the step's stream holds max_rounds x task.prompts_per_step "
+                           "prompts.", default=3)
+    margin: float = _doc("Prompts dispatched up front: (1 + margin) x B / (1 - f), f the "
+                         "filter rate of the newest step that ended before this one started "
+                         "(B before there is one), within [B, the stream]; the top-up "
+                         "dispatches the rest as groups finish (a shortfall costs one more "
+                         "group's latency: docs/results.md#twin-dynamic).", default=0.5)

@@ -7,20 +7,20 @@ seeded draw, and the rest are recorded as dropped. Everything here is a function
 and the rewards only, never of timing, so the records contract (design §2) holds under any
 allocation and resize schedule:
 
-- the step's prompt POOL is `source.batch(step, B x max_rounds, seed)` (always the same size,
-  so pools of different steps never share prompts); round r is its r-th slice of B prompts,
-  in pool order (the seeded order);
-- how many rounds a step draws up front (`rounds_for`) follows the filter rate of an earlier
-  step whose records are final before this step's rollout starts (`rate_step`: step k - 1 -
-  staleness), with a safety margin, capped at `max_rounds`: the extra rounds are dispatched
-  with the first, in one rollout, while the first ones run;
-- which groups enter the batch (`select_groups`): the first B groups with a signal in pool
-  order; if the drawn rounds hold fewer, the first groups without one fill the batch (their
-  advantages are 0: no policy-gradient term, only KL/entropy), so the batch always has B
-  groups (micro-batching needs a fixed size);
-- `certain_shortfall` says when a further round would be needed for sure (more groups
-  without signal than the rounds can spare): the rule for a top-up round dispatched during
-  the rollout (planned here; the live loop draws its rounds up front).
+- the step's prompt STREAM is `source.batch(step, B x max_rounds, seed)` (always the same
+  size, so streams of different steps never share prompts), in its seeded order;
+- the step dispatches the first `initial_for(f)` prompts up front, f being the filter rate of
+  an earlier step whose records are final before this step's rollout starts (`rate_step`:
+  step k - 1 - staleness), then ONE more prompt each time a finished group has no signal
+  (`TopUp`): extra prompts are dispatched while the first ones run, not after;
+- the step's batch is the first N prompts of the stream, N = max(initial, the smallest n
+  whose first n prompts hold B groups with a signal), or the whole stream if it holds fewer
+  (`TopUp.batch_size`): a function of the seed and the rewards only. Prompts dispatched
+  beyond N (how many depends on timing) are discarded: not trained, not recorded;
+- which groups of the batch train (`select_groups`): the first B groups with a signal in
+  stream order; if the batch holds fewer, the first groups without one fill it (their
+  advantages are 0: no policy-gradient term, only KL/entropy), so the step always trains B
+  groups (micro-batching needs a fixed size); the others are recorded as dropped.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class DynamicSampling:
     max_rounds: int
     """Cap: at most this many rounds of B prompts per step."""
     margin: float = 0.0
-    """Draw enough rounds for (1 + margin) x B expected groups with a signal."""
+    """Dispatch (1 + margin) x B / (1 - f) prompts up front (`initial_for`)."""
 
     def __post_init__(self) -> None:
         if self.groups_per_step <= 0 or self.max_rounds <= 0 or self.margin < 0:
@@ -52,26 +52,19 @@ class DynamicSampling:
 
     @property
     def pool_size(self) -> int:
-        """Prompts the step's pool draws (`source.batch(step, pool_size, seed)`)."""
+        """Prompts in the step's stream (`source.batch(step, pool_size, seed)`)."""
         return self.groups_per_step * self.max_rounds
 
-    def rounds_for(self, filter_rate: float | None) -> int:
-        """Rounds to draw up front when a fraction `filter_rate` of groups is expected to have
-        no signal (None: not known yet, 1 round)."""
+    def initial_for(self, filter_rate: float | None) -> int:
+        """Prompts to dispatch up front when a fraction `filter_rate` of groups is expected
+        to have no signal: enough for (1 + margin) x B groups with one, in [B, pool_size]
+        (None: not known yet, B)."""
         if filter_rate is None:
-            return 1
+            return self.groups_per_step
         if filter_rate >= 1.0:
-            return self.max_rounds
-        need = (1.0 + self.margin) / (1.0 - filter_rate)
-        return max(1, min(self.max_rounds, math.ceil(need - 1e-9)))
-
-    def round_prompts(self, pool: Sequence[int], rounds: int) -> list[int]:
-        """The prompt ids of the first `rounds` rounds of a step's `pool` (pool order)."""
-        if len(pool) != self.pool_size:
-            raise ValueError(f"a pool of {len(pool)} prompts, expected {self.pool_size}")
-        if not 1 <= rounds <= self.max_rounds:
-            raise ValueError(f"rounds = {rounds}: must be in [1, {self.max_rounds}]")
-        return list(pool[:rounds * self.groups_per_step])
+            return self.pool_size
+        need = (1.0 + self.margin) * self.groups_per_step / (1.0 - filter_rate)
+        return max(self.groups_per_step, min(self.pool_size, math.ceil(need - 1e-9)))
 
 
 def rate_step(step: int, staleness: int) -> int | None:
@@ -113,13 +106,67 @@ def kept_of(signal: Mapping[int, bool], order: Sequence[int], num_groups: int) -
     return set(chosen)
 
 
+class TopUp:
+    """A step's live top-up (module docstring): which stream prompts to dispatch as groups
+    finish, and the step's batch once every dispatched group has finished. Dispatching stops
+    early once the known signals bound the batch (prompts past it would be discarded)."""
+
+    def __init__(self, order: Sequence[int], num_groups: int, initial: int) -> None:
+        if not num_groups <= initial <= len(order):
+            raise ValueError(f"initial = {initial}: must be in [{num_groups}, {len(order)}]")
+        self.order = list(order)
+        self.num_groups = num_groups
+        self.initial = initial
+        self.num_dispatched = initial
+        self.signal: dict[int, bool] = {}
+
+    def first(self) -> list[int]:
+        """The prompts dispatched up front."""
+        return self.order[:self.initial]
+
+    @property
+    def done(self) -> bool:
+        """Every dispatched group has finished (nothing more will be dispatched)."""
+        return len(self.signal) == self.num_dispatched
+
+    def complete(self, prompt: int, signal: bool) -> list[int]:
+        """A group finished; returns the prompts to dispatch now (one more if it has no
+        signal and the batch may still need it)."""
+        if prompt in self.signal:
+            raise ValueError(f"group {prompt} completed twice")
+        self.signal[prompt] = signal
+        if signal or self.num_dispatched >= self._bound():
+            return []
+        self.num_dispatched += 1
+        return [self.order[self.num_dispatched - 1]]
+
+    def _bound(self) -> int:
+        """An upper bound of `batch_size` from the signals known so far."""
+        found = 0
+        for n, p in enumerate(self.order, 1):
+            found += self.signal.get(p, False)
+            if found >= self.num_groups:
+                return max(self.initial, n)
+        return len(self.order)
+
+    def batch_size(self) -> int:
+        """N (module docstring); once `done`."""
+        if not self.done:
+            raise ValueError(f"{self.num_dispatched - len(self.signal)} groups unfinished")
+        return min(self._bound(), self.num_dispatched)
+
+    def batch(self) -> list[int]:
+        """The step's batch: the first `batch_size` prompts of the stream."""
+        return self.order[:self.batch_size()]
+
+
 class KeepTracker:
     """Streaming training with dynamic sampling: which groups are KNOWN to be kept as groups
-    complete in any order. A complete group with a signal is kept for sure once fewer than
-    `num_groups` groups before it in pool order can have a signal (the finished ones with a
-    signal plus the unfinished ones); groups without a signal are known only when every
-    group is complete (they may fill the batch). The groups released over a step are
-    exactly `select_groups`' kept ones, whatever the completion order."""
+    complete in any order. `order` is the step's whole stream: a complete group with a
+    signal is kept for sure once fewer than `num_groups` groups before it can have a signal
+    (the finished ones with a signal plus the unfinished or undispatched ones); the rest is
+    known at `seal`, once the batch is (`TopUp.batch_size`). The groups released over a step
+    are exactly `select_groups`' kept ones of the batch, whatever the completion order."""
 
     def __init__(self, order: Sequence[int], num_groups: int) -> None:
         self.order = list(order)
@@ -132,40 +179,28 @@ class KeepTracker:
         if prompt in self.signal:
             raise ValueError(f"group {prompt} completed twice")
         self.signal[prompt] = signal
-        if len(self.signal) == len(self.order):
-            keep = kept_of(self.signal, self.order, self.num_groups)
-            out = [p for p in self.order if p in keep and p not in self.released]
-        else:
-            out, possible = [], 0  # groups before p that can have a signal
-            for p in self.order:
-                if possible >= self.num_groups:
-                    break
-                known = self.signal.get(p)
-                if known and p not in self.released:
-                    out.append(p)
-                if known is None or known:
-                    possible += 1
+        out, possible = [], 0  # groups before p that can have a signal
+        for p in self.order:
+            if possible >= self.num_groups:
+                break
+            known = self.signal.get(p)
+            if known and p not in self.released:
+                out.append(p)
+            if known is None or known:
+                possible += 1
         self.released.update(out)
         return out
 
-
-def certain_shortfall(num_groups: int, finished_without_signal: int, wanted: int) -> bool:
-    """True once the drawn `num_groups` cannot hold `wanted` groups with a signal whatever
-    the unfinished ones give: a top-up round is needed (a function of rewards, not of when
-    they arrive: the answer at the end of the rollout is the same)."""
-    return finished_without_signal > num_groups - wanted
-
-
-def step_prompts(plan: DynamicSampling, pool: Sequence[Any], step: int, staleness: int,
-                 rates: Mapping[int, float]) -> list[Any]:
-    """The prompts step `step` rolls out: the first rounds of its `pool` (the source's
-    `batch(step, plan.pool_size, seed)`), as many as the filter rate of `rate_step` asks
-    (`rates`: step -> filter rate of the steps that ended; missing: 1 round)."""
-    earlier = rate_step(step, staleness)
-    rounds = plan.rounds_for(rates.get(earlier) if earlier is not None else None)
-    if len(pool) != plan.pool_size:
-        raise ValueError(f"a pool of {len(pool)} prompts, expected {plan.pool_size}")
-    return list(pool[:rounds * plan.groups_per_step])
+    def seal(self, batch_size: int) -> list[int]:
+        """The batch is the first `batch_size` prompts, all complete: the kept ones not
+        released yet (pool order)."""
+        batch = self.order[:batch_size]
+        if any(p not in self.signal for p in batch):
+            raise ValueError(f"sealed with groups of the first {batch_size} unfinished")
+        keep = kept_of(self.signal, batch, self.num_groups)
+        out = [p for p in batch if p in keep and p not in self.released]
+        self.released.update(out)
+        return out
 
 
 def assemble_dynamic(step: int, version: int, order: Sequence[int],

@@ -39,8 +39,9 @@ class StepStream:
                  samples_per_prompt: int, micro_batch_size: int,
                  max_tokens_per_micro_batch: int = 0,
                  advantage_spec: AdvantageSpec | None = None, keep_groups: int = 0) -> None:
-        """`keep_groups` > 0 (dynamic sampling, token budget only): only the groups
-        `dynamic_sampling.KeepTracker` releases over `prompt_ids` (pool order) train."""
+        """`keep_groups` > 0 (dynamic sampling, token budget only): `prompt_ids` is the
+        step's whole prompt stream (its order); only the groups `dynamic_sampling.KeepTracker`
+        releases train; `grow` counts the dispatched groups, `seal` ends the step."""
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
         keys = [(p, j) for p in sorted(prompt_ids) for j in range(samples_per_prompt)]
@@ -65,7 +66,8 @@ class StepStream:
                 self._mb_keys[m] = keys[i:i + micro_batch_size]
                 for prompt in dict.fromkeys(p for p, _ in self._mb_keys[m]):
                     self._mbs_of_prompt[prompt].append(m)
-        self._num_groups_left = len(self._position)
+        self._num_groups_left = 0 if keep_groups else len(self._position)
+        self._sealed = not keep_groups
         self._missing_prompts = {m: len({p for p, _ in mb}) for m, mb in self._mb_keys.items()}
         self._pending: dict[int, dict[int, tuple[Completion, float]]] = {}
         self._samples: dict[tuple[int, int], TrainSample] = {}
@@ -87,7 +89,18 @@ class StepStream:
 
     @property
     def complete(self) -> bool:
-        return self._num_groups_left == 0
+        return self._num_groups_left == 0 and self._sealed
+
+    def grow(self, num_groups: int) -> None:
+        """Dynamic sampling: `num_groups` more groups of the stream were dispatched."""
+        self._num_groups_left += num_groups
+
+    def seal(self, batch_size: int, now_s: float | None = None) -> list[int]:
+        """Dynamic sampling: every dispatched group is complete and the batch is the first
+        `batch_size` prompts of the stream; returns the micro-batches this made ready."""
+        assert self._tracker is not None and self._num_groups_left == 0
+        self._sealed = True
+        return self._release(self._tracker.seal(batch_size), now_s)
 
     @property
     def ready(self) -> list[int]:
@@ -123,6 +136,10 @@ class StepStream:
         if self._tracker is not None:
             rewards = [r for _, r in group.values()]
             released = self._tracker.complete(spec.prompt, has_signal(rewards))
+        return self._release(released, now_s)
+
+    def _release(self, released: list[int], now_s: float | None) -> list[int]:
+        """Groups that train: cut (token budget) and mark their micro-batches ready."""
         if self.max_tokens:
             for prompt in released:
                 self._cut(prompt)
@@ -169,7 +186,7 @@ class StepStream:
         share of the work."""
         num_ready = len(self._ready)
         if self.max_tokens:  # unit: a group (its micro-batches are not cut yet)
-            num_done = len(self._position) - self._num_groups_left
+            num_done = len(self._samples) // self.samples_per_prompt
             mean = self._ready_tokens / num_done if num_done else 1.0
             total = self._ready_tokens + self._num_groups_left * mean
             done = sum(self._mb_tokens.get(m, 0) for m in held)

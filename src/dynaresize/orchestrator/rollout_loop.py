@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Callable
 
 from dynaresize.control.base import Controller
-from dynaresize.core.dynamic_sampling import step_prompts
+from dynaresize.core.dynamic_sampling import rate_step
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.fault_injection import FaultInjector
@@ -72,7 +72,7 @@ class RolloutLoop:
         for step in range(state.start_step, settings.steps):
             state.enter_step(step)
             rollout = StepRollout(step, settings, self._prompts(step), self.source, self.clock,
-                                  self.board.changed, self._watch)
+                                  self.board.changed, self._watch, self._num_initial(step))
             version = rollout.version
             handle = await state.versions.wait(version)  # the controller sees that step's timing
             # what a device a step-start resize brings to the rollout loads (`current_weights`;
@@ -110,13 +110,21 @@ class RolloutLoop:
         self.background.finish()
 
     def _prompts(self, step: int) -> list[PromptLike]:
-        """Step `step`'s prompts: its seeded batch or, with dynamic sampling, the first
-        rounds of its seeded pool (as many as an ended step's filter rate asks)."""
+        """Step `step`'s prompts: its seeded batch or, with dynamic sampling, its seeded
+        prompt stream (`core.dynamic_sampling`)."""
         settings, dynamic = self.settings, self.settings.dynamic
+        num = settings.prompts_per_step if dynamic is None else dynamic.pool_size
+        return list(self.source.batch(step, num, settings.seed))
+
+    def _num_initial(self, step: int) -> int:
+        """Dynamic sampling: the stream prompts step `step` dispatches up front, from the
+        filter rate of an ended step (`rate_step`); 0 without."""
+        dynamic = self.settings.dynamic
         if dynamic is None:
-            return list(self.source.batch(step, settings.prompts_per_step, settings.seed))
-        pool = list(self.source.batch(step, dynamic.pool_size, settings.seed))
-        return step_prompts(dynamic, pool, step, settings.staleness, self.filter_rates)
+            return 0
+        earlier = rate_step(step, self.settings.staleness)
+        return dynamic.initial_for(self.filter_rates.get(earlier) if earlier is not None
+                                   else None)
 
     def _start(self, rollout: StepRollout, ready: list[Device]) -> RolloutRun:
         """Start `rollout`'s RolloutRun on `ready` engines (others join later)."""
@@ -179,10 +187,11 @@ class RolloutLoop:
 
     def _may_drain(self) -> bool:
         """Whether rollout devices may run until empty without reporting each completion:
-        nobody watches progress (controller, fault injector, streaming training) and no resize
-        is pending."""
+        nobody watches progress (controller, fault injector, streaming training, dynamic
+        sampling's top-up) and no resize is pending."""
         return (not self.controller.needs_progress and self.injector is None
-                and self.resizer.num_pending == 0 and not self.streaming)
+                and self.resizer.num_pending == 0 and not self.streaming
+                and self.settings.dynamic is None)
 
     async def _end(self, rollout: StepRollout,
                    previous: asyncio.Task[None] | None = None) -> None:

@@ -8,8 +8,10 @@ moves, whose resizes the step keeps in `fired`); once the run ended,
 `assemble` turns the completions and rewards into the step's samples and records.
 
 The policy version a step samples from is `RolloutSettings.version_for(step)`, nowhere else.
-A step's prompt set is `prompts`; `add_prompts` grows it by another round (its requests go to
-the same run), and `expected` follows.
+A step's prompt set is `prompts`. With dynamic sampling the step gets its prompt stream, of
+which it dispatches the first ones up front and, each time a group without a reward signal
+finishes, one more (`_top_up`, planned by `core.dynamic_sampling.TopUp`): `add_prompts`
+grows `prompts` and the new requests join the running `RolloutRun` (`add_requests`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from typing import Any
 
 from dynaresize.config import Config
 from dynaresize.core.advantages import AdvantageSpec, advantage_spec
-from dynaresize.core.dynamic_sampling import DynamicSampling, assemble_dynamic
+from dynaresize.core.dynamic_sampling import (
+    DynamicSampling,
+    TopUp,
+    assemble_dynamic,
+    has_signal,
+)
 from dynaresize.core.samples import StepSamples, assemble_step
 from dynaresize.core.stream import StepStream
 from dynaresize.core.types import Completion, RequestSpec, request_seed
@@ -59,8 +66,8 @@ class RolloutSettings:
     adv_spec: AdvantageSpec | None = None
     """How rewards become advantages (`train.loss`; None: GRPO's)."""
     dynamic: DynamicSampling | None = None
-    """`[train.dynamic_sampling]` when enabled: the step's prompts are the first rounds of
-    a seeded pool and only the kept groups train (`core.dynamic_sampling`)."""
+    """`[train.dynamic_sampling]` when enabled: the step's prompts come from a seeded
+    stream, topped up live, and only the kept groups train (`core.dynamic_sampling`)."""
 
     @classmethod
     def from_config(cls, cfg: Config, streaming: bool = False,
@@ -94,14 +101,21 @@ class StepRollout:
 
     def __init__(self, step: int, settings: RolloutSettings, prompts: Sequence[PromptLike],
                  source: PromptSource, clock: Clock, changed: asyncio.Event,
-                 watch: Callable[[StepRollout], None]) -> None:
-        """`changed`: set when streamed micro-batches become ready (the train loop looks);
-        `watch(self)`: the rollout loop's watchers, after every batch of completions."""
+                 watch: Callable[[StepRollout], None], num_initial: int = 0) -> None:
+        """`prompts`: the step's batch or, with dynamic sampling, its prompt stream, of which
+        the first `num_initial` are dispatched up front; `changed`: set when streamed
+        micro-batches become ready (the train loop looks); `watch(self)`: the rollout loop's
+        watchers, after every batch of completions."""
         self.step = step
         self.version = settings.version_for(step)
         self.settings = settings
         self.source = source
         self.clock = clock
+        self.pool: dict[int, PromptLike] = {p.id: p for p in prompts}
+        self.top_up: TopUp | None = None
+        if settings.dynamic is not None:
+            self.top_up = TopUp(list(self.pool), settings.prompts_per_step, num_initial)
+            prompts = [self.pool[p] for p in self.top_up.first()]
         self.prompts: dict[int, PromptLike] = {p.id: p for p in prompts}
         self.specs: list[RequestSpec] = self.requests(prompts)
         self.rewards: dict[tuple[int, int], float] = {}
@@ -109,10 +123,12 @@ class StepRollout:
         self.watch = watch
         self.stream: StepStream | None = None
         if settings.streaming:
-            self.stream = StepStream(step, self.version, list(self.prompts),
+            self.stream = StepStream(step, self.version, list(self.pool),
                                      settings.samples_per_prompt, settings.micro_batch_size,
                                      settings.max_tokens_per_micro_batch, settings.adv_spec,
                                      settings.prompts_per_step if settings.dynamic else 0)
+            if self.top_up is not None:
+                self.stream.grow(len(self.prompts))
         self.fired: list[asyncio.Future[Any]] = []
         """Resizes the step's moves started (the rollout end waits for them)."""
         self.run: RolloutRun | None = None
@@ -132,8 +148,8 @@ class StepRollout:
                 for p in prompts for j in range(s.samples_per_prompt)]
 
     def add_prompts(self, prompts: Sequence[PromptLike]) -> list[RequestSpec]:
-        """Another round of prompts for this step (not yet used: dynamic sampling); returns
-        their requests, which the caller hands to the running `RolloutRun`."""
+        """More prompts for this step (dynamic sampling's top-up); returns their requests,
+        which the caller hands to the running `RolloutRun`."""
         new = [p for p in prompts if p.id not in self.prompts]
         self.prompts.update((p.id, p) for p in new)
         specs = self.requests(new)
@@ -165,7 +181,27 @@ class StepRollout:
             if stream is not None and (stream.add(c, reward, self.clock.now())
                                        or stream.complete):
                 self.changed.set()
+            if self.top_up is not None:
+                self._top_up(c.spec.prompt)
         self.watch(self)
+
+    def _top_up(self, prompt: int) -> None:
+        """Dynamic sampling, after a completion of `prompt`: once its group is complete,
+        dispatch what `TopUp` asks for; once every dispatched group is, seal the stream."""
+        top_up, n = self.top_up, self.settings.samples_per_prompt
+        assert top_up is not None and self.run is not None
+        keys = [(prompt, j) for j in range(n)]
+        if any(k not in self.rewards for k in keys):
+            return
+        new = top_up.complete(prompt, has_signal([self.rewards[k] for k in keys]))
+        if new:
+            specs = self.add_prompts([self.pool[p] for p in new])
+            if self.stream is not None:
+                self.stream.grow(len(new))
+            self.run.add_requests(specs)
+        elif top_up.done and self.stream is not None:
+            self.stream.seal(top_up.batch_size(), self.clock.now())
+            self.changed.set()
 
     def fire(self, resize: asyncio.Future[Any]) -> None:
         """A resize the step's moves started."""
@@ -182,9 +218,13 @@ class StepRollout:
         assert run is not None
         end_s = self.clock.now()
         stream, s = self.stream, self.settings
-        if s.dynamic is not None:  # the kept groups train; every group is recorded
+        if self.top_up is not None:  # the kept groups train; the batch's groups are recorded
+            batch = self.top_up.batch()
+            inside = set(batch)
             got, self.filter_rate = assemble_dynamic(
-                self.step, self.version, list(self.prompts), run.completions, self.rewards,
+                self.step, self.version, batch,
+                [c for c in run.completions if c.spec.prompt in inside],
+                {k: r for k, r in self.rewards.items() if k[0] in inside},
                 s.samples_per_prompt, s.prompts_per_step, end_s - self.started_s,
                 s.record_tokens, s.adv_spec)
         else:

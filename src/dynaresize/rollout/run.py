@@ -59,14 +59,10 @@ class RolloutRun:
         engines and gains the rest; until it hands off, no engine gets more than its share,
         ceil(remaining / expected), and an engine joining while others are coming is dealt
         its share over them too (`rollout.deal`)."""
-        self.clock = clock
-        self.settings = settings
-        self.version = settings.version
-        self.on_completions = on_completions
-        self.on_device_lost = on_device_lost
-        self.tail: TailOrder | None = None
-        if settings.tail_order:
-            self.tail = TailOrder(clock, len(requests), settings.spread)
+        self.clock, self.settings, self.version = clock, settings, settings.version
+        self.on_completions, self.on_device_lost = on_completions, on_device_lost
+        self.tail = TailOrder(clock, len(requests), settings.spread) \
+            if settings.tail_order else None
         self.drain = None if settings.spread and self.tail is not None else drain
         self.may_spread = may_spread
         self.arrivals = arrivals
@@ -99,7 +95,8 @@ class RolloutRun:
             self._set_finished()
 
     def _set_finished(self) -> None:
-        """Every request completed, or the run failed: nothing waits for dispatch any more."""
+        """Every request completed, or the run failed (a loop waiting for `drained` moves
+        on, then sees the error)."""
         self.finished.set()
         self.drained.set()
 
@@ -125,14 +122,11 @@ class RolloutRun:
 
     def idle_devices(self) -> list[int]:
         """Devices with nothing left to run here: no request, and none queued for anyone."""
-        if self.queue:
-            return []
-        return sorted(s.index for s in self._slots.active() if s.load == 0)
+        return [] if self.queue else sorted(s.index for s in self._slots.active() if s.load == 0)
 
     def pending_of(self, index: int) -> list[Work]:
         """What was dispatched to engine `index` and not yet submitted (tests, reports)."""
-        slot = self._slots.get(index)
-        return list(slot.pending) if slot is not None else []
+        return list(slot.pending) if (slot := self._slots.get(index)) is not None else []
 
     # ------------------------------------------------------------------ membership
     def add_devices(self, devices: Sequence[RolloutOps]) -> None:
@@ -155,6 +149,12 @@ class RolloutRun:
         slot = self._slots.pop(device.index)
         work = list(exported) + (slot.pending if slot is not None else [])
         self.queue.extendleft(reversed(work))
+        self._dispatch()
+
+    def add_requests(self, requests: Sequence[Work]) -> None:
+        """More of the step's requests while it runs (dynamic sampling's top-up)."""
+        self.queue.extend(requests)
+        self.total, self.remaining = self.total + len(requests), self.remaining + len(requests)
         self._dispatch()
 
     def drop_lost(self, device: RolloutOps, exc: BaseException) -> None:

@@ -82,6 +82,7 @@ class StepSubset(Workload):
         self.max_response_tokens = workload.max_response_tokens
         self.num_steps = len(steps)
         self.max_rounds = getattr(workload, "max_rounds", 0)
+        self.margin = getattr(workload, "margin", 0.5)
 
     def step_requests(self, step: int) -> StepRequests:
         return self._inner.step_requests(self._steps[step])
@@ -128,6 +129,7 @@ def sim_config(workload: Workload, num_rollout: int, num_train: int, steps: int,
     if getattr(workload, "max_rounds", 0):  # FilteredWorkload: dynamic sampling
         cfg.train.dynamic_sampling.enabled = True
         cfg.train.dynamic_sampling.max_rounds = workload.max_rounds  # type: ignore
+        cfg.train.dynamic_sampling.margin = workload.margin  # type: ignore
     if faults:
         cfg.faults.kill = [replace(e) for e in faults.kill]
         cfg.run.checkpoint_every = faults.checkpoint_every

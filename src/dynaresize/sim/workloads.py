@@ -195,10 +195,13 @@ class FilteredWorkload(Workload):
     step's prompt POOL (batch_prompts x max_rounds prompts, `core.dynamic_sampling`); the
     step trains `batch_prompts` groups. A group has a reward signal (rewards not all equal)
     with probability 1 - the step's filter rate, drawn per (seed, step, prompt); the rate is
-    one number or one per step (e.g. `drawn_filter_rates`, or read from a run's records)."""
+    one number or one per step (e.g. `drawn_filter_rates`, or read from a run's records).
+    The run tops the step up live as groups finish (`core.dynamic_sampling.TopUp`; `margin`:
+    `train.dynamic_sampling.margin`)."""
 
     def __init__(self, inner: Workload, batch_prompts: int, max_rounds: int,
-                 filter_rates: float | tuple[float, ...], seed: int = 0) -> None:
+                 filter_rates: float | tuple[float, ...], seed: int = 0,
+                 margin: float = 0.5) -> None:
         if inner.prompts_per_step != batch_prompts * max_rounds:
             raise ValueError(f"the pool workload has {inner.prompts_per_step} prompts per "
                              f"step, expected {batch_prompts} x {max_rounds}")
@@ -212,6 +215,7 @@ class FilteredWorkload(Workload):
         self.max_response_tokens = inner.max_response_tokens
         self.num_steps = inner.num_steps
         self.max_rounds = max_rounds
+        self.margin = margin
 
     def step_requests(self, step: int) -> StepRequests:
         return self._inner.step_requests(step)
