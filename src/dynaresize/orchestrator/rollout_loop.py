@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from dynaresize.control.base import Controller
 from dynaresize.core.dynamic_sampling import step_prompts
@@ -61,6 +62,10 @@ class RolloutLoop:
         (`RunSettings.pack_batch`, `RunSettings.spread`)."""
         self.filter_rates: dict[int, float] = {}
         """Dynamic sampling: step -> its filter rate (plans later steps' rounds)."""
+        self.env_timing: dict[str, float] = {}
+        """`[env]`: environment waits and engine work inside them, summed over steps
+        (`StepEpisodes.env_timing`)."""
+        self.max_env_calls_per_turn = 0
 
     async def run(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
@@ -110,6 +115,16 @@ class RolloutLoop:
             await ending
         self.background.finish()
 
+    def episode_summary(self) -> dict[str, Any]:
+        """`[env]` runs: summary.json's episode figures (else nothing): environment wait
+        seconds, engine seconds busy inside them, environment calls and turns, and the
+        contract's check (at most 1 environment call per turn)."""
+        if not self.env_timing:
+            return {}
+        out: dict[str, Any] = {k: round(v, 4) for k, v in self.env_timing.items()}
+        out["env_max_calls_per_turn"] = self.max_env_calls_per_turn
+        return out
+
     def _prompts(self, step: int) -> list[PromptLike]:
         """Step `step`'s prompts: its seeded batch or, with dynamic sampling, the first
         rounds of its seeded pool (as many as an ended step's filter rate asks)."""
@@ -131,6 +146,9 @@ class RolloutLoop:
                 rollout.version, settings.max_running_requests, settings.slice_s,
                 light_batch=settings.tail_batch, pack_batch=settings.pack_batch,
                 tail_order=policy != "off", spread=policy == "spread" and not self.pipelined)
+            if rollout.episodes is not None:  # [env]: a HeldRun, open while episodes last
+                return rollout.episodes.make_run(rollout.specs, run_settings,
+                                                 rollout.receive, self._on_lost(rollout))
             return RolloutRun(self.clock, rollout.specs, run_settings,
                               rollout.receive, self._on_lost(rollout),
                               drain=self._may_drain, may_spread=self._may_spread,
@@ -198,6 +216,11 @@ class RolloutLoop:
         if rollout.filter_rate is not None:
             self.filter_rates[rollout.step] = rollout.filter_rate
         self.num_migrated += run.num_migrated
+        if rollout.episodes is not None:
+            for key, value in rollout.episodes.env_timing().items():
+                self.env_timing[key] = self.env_timing.get(key, 0.0) + value
+            self.max_env_calls_per_turn = max(self.max_env_calls_per_turn,
+                                              rollout.episodes.max_env_calls_per_turn)
         self.rundir.samples(got.records)
         self.board.post_samples(rollout.step, got)
         run.close()

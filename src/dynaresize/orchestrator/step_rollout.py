@@ -26,6 +26,8 @@ from dynaresize.core.dynamic_sampling import DynamicSampling, assemble_dynamic
 from dynaresize.core.samples import StepSamples, assemble_step
 from dynaresize.core.stream import StepStream
 from dynaresize.core.types import Completion, RequestSpec, request_seed
+from dynaresize.envs.setup import EnvSetup
+from dynaresize.orchestrator.episodes import StepEpisodes
 from dynaresize.orchestrator.source import PromptLike, PromptSource
 from dynaresize.orchestrator.state import sample_version
 from dynaresize.protocols import Clock
@@ -61,14 +63,16 @@ class RolloutSettings:
     dynamic: DynamicSampling | None = None
     """`[train.dynamic_sampling]` when enabled: the step's prompts are the first rounds of
     a seeded pool and only the kept groups train (`core.dynamic_sampling`)."""
+    env: EnvSetup | None = None
+    """`[env]` on: every sample is an episode (`orchestrator.episodes`)."""
 
     @classmethod
-    def from_config(cls, cfg: Config, streaming: bool = False,
-                    pipelined: bool = False) -> RolloutSettings:
+    def from_config(cls, cfg: Config, streaming: bool = False, pipelined: bool = False,
+                    env: EnvSetup | None = None) -> RolloutSettings:
         ds = cfg.train.dynamic_sampling
         dynamic = DynamicSampling(cfg.task.prompts_per_step, ds.max_rounds, ds.margin) \
             if ds.enabled else None
-        return cls(streaming=streaming, pipelined=pipelined, dynamic=dynamic,
+        return cls(streaming=streaming, pipelined=pipelined, dynamic=dynamic, env=env,
                    adv_spec=advantage_spec(cfg.train.loss, cfg.task.max_new_tokens),
                    steps=cfg.run.steps, staleness=cfg.run.staleness, seed=cfg.run.seed,
                    prompts_per_step=cfg.task.prompts_per_step,
@@ -120,6 +124,10 @@ class StepRollout:
         self.filter_rate: float | None = None
         """Dynamic sampling: the share of the step's groups without a reward signal (known
         once `assemble` ran)."""
+        self.episodes: StepEpisodes | None = None if settings.env is None else StepEpisodes(
+            settings.env, step, self.version, settings.seed, self.prompts,
+            settings.samples_per_prompt, settings.max_new_tokens, settings.temperature, clock)
+        """`[env]`: the step's episodes; `specs` are their first turns."""
 
     def requests(self, prompts: Sequence[PromptLike]) -> list[RequestSpec]:
         """The request specs of `prompts`: `samples_per_prompt` each, seeded by
@@ -155,7 +163,11 @@ class StepRollout:
     def receive(self, done: list[Completion]) -> None:
         """The run's completion stream: reward each completion, add it to the step's
         stream (`changed` is set when micro-batches become ready), then let the watchers see
-        the progress."""
+        the progress. Episodes: each finished turn goes to its episode."""
+        if self.episodes is not None:
+            self.episodes.receive(done)
+            self.watch(self)
+            return
         stream = self.stream
         for c in done:
             key = (c.spec.prompt, c.spec.sample)
@@ -182,7 +194,10 @@ class StepRollout:
         assert run is not None
         end_s = self.clock.now()
         stream, s = self.stream, self.settings
-        if s.dynamic is not None:  # the kept groups train; every group is recorded
+        if self.episodes is not None:
+            got = self.episodes.assemble(self.expected(), end_s - self.started_s,
+                                         s.record_tokens, s.adv_spec)
+        elif s.dynamic is not None:  # the kept groups train; every group is recorded
             got, self.filter_rate = assemble_dynamic(
                 self.step, self.version, list(self.prompts), run.completions, self.rewards,
                 s.samples_per_prompt, s.prompts_per_step, end_s - self.started_s,
