@@ -57,6 +57,8 @@ def check_against(static: Path, out: Path) -> dict[str, Any]:
     assert episode_view(out) == episode_view(static)  # every turn and observation too
     assert max_param_diff(out, static) < 1e-4
     summary = json.loads((out / "summary.json").read_text())
+    static_summary = json.loads((static / "summary.json").read_text())
+    assert summary["param_sha256"] == static_summary["param_sha256"]  # exact reduction
     assert summary["env_max_calls_per_turn"] == 1  # no environment step repeated
     assert summary["env_calls"] == summary["turns"] == sum(
         r["num_turns"] for r in read_jsonl(out / "samples.jsonl"))
@@ -79,9 +81,11 @@ def test_static_episodes_have_turns_observations_and_masked_training(static_run:
 
 def test_resizes_migrating_turns_mid_episode_change_nothing(
         device_pool: Any, static_run: Path, tmp_path: Path) -> None:
-    summary = run(device_pool, tmp_path, SCHEDULE)
+    # and a slow environment (a tool that sleeps): waits change timing, never records
+    summary = run(device_pool, tmp_path, SCHEDULE, "env.latency_s=0.05")
     assert summary["num_resizes"] == 3
     check_against(static_run, tmp_path)
+    assert summary["env_wait_s"] >= 0.05 and summary["env_overlap_s"] >= 0.0
     resizes = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "resize"]
     assert sum(e["migrated"] for e in resizes) > 0  # turns moved mid-turn
 

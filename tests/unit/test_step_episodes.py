@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec, request_seed
 from dynaresize.envs.adapters import RetryEnv
 from dynaresize.envs.render import PlainRenderer
@@ -116,3 +118,35 @@ def test_env_time_is_measured_against_engine_slices() -> None:
     timing = episodes.env_timing()
     assert timing["env_calls"] == timing["turns"] == 18
     assert timing["env_wait_s"] > 0 and timing["env_overlap_s"] >= 0
+
+
+class BrokenEnv:
+    name = "broken"
+    max_turns = 2
+
+    async def step(self, ctx: object) -> object:
+        raise RuntimeError("the tool crashed")
+
+
+def test_an_environment_error_fails_the_run_instead_of_hanging() -> None:
+    async def go() -> None:
+        clock = RealClock()
+        episodes = StepEpisodes(EnvSetup(BrokenEnv(), PlainRenderer(TOK)), 0, 0, 7,
+                                {0: PROMPTS[0]}, 2, 8, 1.0, clock)
+        requests = [RequestSpec(0, 0, j, 0, PROMPTS[0].tokens, 8, request_seed(7, 0, 0, j))
+                    for j in range(2)]
+        run = episodes.make_run(requests, RunSettings(0, 2, 0.01), episodes.receive)
+        run.add_devices([SeededEngine(0)])
+        try:
+            await run.wait()
+        finally:
+            episodes.cancel()
+
+    with pytest.raises(RuntimeError, match="the tool crashed"):
+        asyncio.run(go())
+
+
+def test_held_run_refuses_tail_ordering() -> None:
+    with pytest.raises(ValueError, match="tail ordering"):
+        HeldRun(RealClock(), [], RunSettings(0, 2, 0.01, tail_order=True), lambda done: None,
+                num_episodes=1)

@@ -208,7 +208,12 @@ class RolloutLoop:
         rollout-end moves and wait for every resize the step fired."""
         run = rollout.run
         assert run is not None
-        await run.wait()
+        try:
+            await run.wait()
+        except BaseException:
+            if rollout.episodes is not None:
+                rollout.episodes.cancel()  # episodes still waiting for a turn
+            raise
         self.engines.end_run(run)
         for device, (a, b) in run.busy_s.items():
             self.rundir.event(a, b, device, "rollout", critical=True, step=rollout.step)
