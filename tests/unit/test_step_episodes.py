@@ -11,7 +11,7 @@ from dynaresize.core.types import Completion, InflightRequest, RequestSpec, requ
 from dynaresize.envs.adapters import RetryEnv
 from dynaresize.envs.render import PlainRenderer
 from dynaresize.envs.setup import EnvSetup, SlowEnv
-from dynaresize.orchestrator.episodes import StepEpisodes
+from dynaresize.orchestrator.episodes import EpisodeTotals, StepEpisodes
 from dynaresize.protocols import RealClock
 from dynaresize.rollout.held_run import HeldRun
 from dynaresize.rollout.run import RunSettings
@@ -118,6 +118,12 @@ def test_env_time_is_measured_against_engine_slices() -> None:
     timing = episodes.env_timing()
     assert timing["env_calls"] == timing["turns"] == 18
     assert timing["env_wait_s"] > 0 and timing["env_overlap_s"] >= 0
+    totals = EpisodeTotals()
+    assert totals.summary() == {}  # no [env]: nothing in summary.json
+    totals.add(episodes)
+    summary = totals.summary()
+    assert summary["env_max_calls_per_turn"] == 1 and summary["turns"] == 18
+    assert summary["episode_timing"]["turns_per_episode"] == 3.0
 
 
 class BrokenEnv:

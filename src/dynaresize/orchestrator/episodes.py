@@ -27,7 +27,7 @@ from typing import Any
 from dynaresize.core.advantages import AdvantageSpec, spec_advantages
 from dynaresize.core.samples import StepSamples
 from dynaresize.core.types import Completion, RequestSpec
-from dynaresize.envs.driver import EpisodeSpec, TurnRequest, run_episode
+from dynaresize.envs.driver import EpisodeSpec, TurnRequest, run_episode, timing_summary
 from dynaresize.envs.episode import Episode, episode_record
 from dynaresize.envs.log import EpisodeLog
 from dynaresize.envs.serve import overlap_s
@@ -165,3 +165,33 @@ def _union_s(intervals: list[tuple[float, float]]) -> float:
             end = b
     return total
 
+
+
+class EpisodeTotals:
+    """A run's episode figures over its steps (summary.json; empty without `[env]`)."""
+
+    def __init__(self) -> None:
+        self.env_timing: dict[str, float] = {}
+        self.max_env_calls_per_turn = 0
+        self.episodes: list[Episode] = []
+
+    def add(self, step: StepEpisodes) -> None:
+        """A step's finished episodes."""
+        for key, value in step.env_timing().items():
+            self.env_timing[key] = self.env_timing.get(key, 0.0) + value
+        self.max_env_calls_per_turn = max(self.max_env_calls_per_turn,
+                                          step.max_env_calls_per_turn)
+        self.episodes.extend(step.episodes.values())
+
+    def summary(self) -> dict[str, Any]:
+        """Environment wait seconds, engine seconds busy inside them, environment calls and
+        turns, the contract's check (at most 1 environment call per turn), and
+        `envs.driver.timing_summary` of every episode (what the twin's agentic workload
+        would be calibrated from). Empty if no episode ran."""
+        if not self.episodes:
+            return {}
+        out: dict[str, Any] = {k: round(v, 4) for k, v in self.env_timing.items()}
+        out["env_max_calls_per_turn"] = self.max_env_calls_per_turn
+        out["episode_timing"] = {k: round(v, 4) for k, v in
+                                 timing_summary(self.episodes).items()}
+        return out

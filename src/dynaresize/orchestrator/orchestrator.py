@@ -179,4 +179,5 @@ class Orchestrator:
             raise
         await self.checkpointer.drain()
         return await run_summary(state, self.resizer, clock, self.rundir,
-                                 self.cfg.global_batch_size, self.rollout.episode_summary())
+                                 self.cfg.global_batch_size,
+                                 self.rollout.episode_totals.summary())

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from dynaresize.control.base import Controller
 from dynaresize.core.dynamic_sampling import step_prompts
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.episodes import EpisodeTotals
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts
 from dynaresize.orchestrator.source import PromptLike, PromptSource
@@ -62,10 +62,8 @@ class RolloutLoop:
         (`RunSettings.pack_batch`, `RunSettings.spread`)."""
         self.filter_rates: dict[int, float] = {}
         """Dynamic sampling: step -> its filter rate (plans later steps' rounds)."""
-        self.env_timing: dict[str, float] = {}
-        """`[env]`: environment waits and engine work inside them, summed over steps
-        (`StepEpisodes.env_timing`)."""
-        self.max_env_calls_per_turn = 0
+        self.episode_totals = EpisodeTotals()
+        """`[env]`: the run's episode figures (summary.json)."""
 
     async def run(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
@@ -114,16 +112,6 @@ class RolloutLoop:
         if ending is not None:
             await ending
         self.background.finish()
-
-    def episode_summary(self) -> dict[str, Any]:
-        """`[env]` runs: summary.json's episode figures (else nothing): environment wait
-        seconds, engine seconds busy inside them, environment calls and turns, and the
-        contract's check (at most 1 environment call per turn)."""
-        if not self.env_timing:
-            return {}
-        out: dict[str, Any] = {k: round(v, 4) for k, v in self.env_timing.items()}
-        out["env_max_calls_per_turn"] = self.max_env_calls_per_turn
-        return out
 
     def _prompts(self, step: int) -> list[PromptLike]:
         """Step `step`'s prompts: its seeded batch or, with dynamic sampling, the first
@@ -222,10 +210,7 @@ class RolloutLoop:
             self.filter_rates[rollout.step] = rollout.filter_rate
         self.num_migrated += run.num_migrated
         if rollout.episodes is not None:
-            for key, value in rollout.episodes.env_timing().items():
-                self.env_timing[key] = self.env_timing.get(key, 0.0) + value
-            self.max_env_calls_per_turn = max(self.max_env_calls_per_turn,
-                                              rollout.episodes.max_env_calls_per_turn)
+            self.episode_totals.add(rollout.episodes)
         self.rundir.samples(got.records)
         self.board.post_samples(rollout.step, got)
         run.close()
