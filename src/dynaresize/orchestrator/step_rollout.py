@@ -9,7 +9,8 @@ moves, whose resizes the step keeps in `fired`); once the run ended,
 
 The policy version a step samples from is `RolloutSettings.version_for(step)`, nowhere else.
 A step's prompt set is `prompts`; `add_prompts` grows it by another round (its requests go to
-the same run), and `expected` follows.
+the same run), and `expected` follows. With `[env]` every sample is an episode: `episodes`
+(`orchestrator.episodes.StepEpisodes`) builds the run, takes the completions and assembles.
 """
 
 from __future__ import annotations
