@@ -92,6 +92,23 @@ def test_pack_aligns_targets_logprobs_and_advantages() -> None:
     assert batch.old_logprobs.dtype == torch.float32 and batch.loss_mask.dtype == torch.bool
 
 
+def test_response_mask_keeps_environment_tokens_out_of_the_loss() -> None:
+    plain = sample(0, 0, num_prompt=2, num_response=4)
+    episode = sample(0, 1, num_prompt=2, num_response=4)
+    episode.response_mask = [1, 0, 0, 1]  # turn, observation (2 tokens), turn
+    batch = pack([plain, episode])
+    assert batch.loss_mask[1].tolist() == [False, True, False, False, True, False]
+    assert batch.targets[1][batch.loss_mask[1]].tolist() == [episode.response_tokens[0],
+                                                             episode.response_tokens[3]]
+    assert batch.advantages[1][2:4].tolist() == [0.0, 0.0]
+    assert batch.old_logprobs[1][2:4].tolist() == [0.0, 0.0]
+    assert batch.loss_mask[0].tolist() == pack([plain]).loss_mask[0].tolist()
+    assert global_num_tokens([plain, episode]) == 4 + 2 == batch.num_tokens
+    episode.response_mask = [1, 0]
+    with pytest.raises(ValueError, match="mask"):
+        pack([episode])
+
+
 def test_pack_rejects_bad_samples() -> None:
     with pytest.raises(ValueError):
         pack([])

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynaresize.config.env import EnvConfig  # noqa: F401  (re-exported)
 from dynaresize.config.fields import doc_field as _doc
 from dynaresize.config.literal import toml_repr
 from dynaresize.config.recipes import (  # noqa: F401  (re-exported: `dynaresize.config`)
@@ -353,6 +354,7 @@ class Config:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
     @property
     def num_devices(self) -> int:

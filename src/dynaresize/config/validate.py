@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from dynaresize.config.env import validate_env
 from dynaresize.config.literal import toml_repr
 from dynaresize.config.schema import (
     ADVANTAGES,
@@ -171,6 +172,7 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
                           "must be in (0, 1]")
     _one_of("output.progress", cfg.output.progress, PROGRESS)
     _validate_ray(cfg)
+    validate_env(cfg)
     if check_machine and cfg.devices.backend == "ray":
         _validate_machine(cfg)
 

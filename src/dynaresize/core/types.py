@@ -109,3 +109,13 @@ class TrainSample:
     group_tokens: int = 0
     """Response tokens of the sample's whole GRPO group (the 'group' loss aggregation's
     weight); 0: not known."""
+    response_mask: list[int] | None = None
+    """Multi-turn episodes: 1 where a response token was sampled by the model, 0 on the
+    environment's tokens (no loss there). None: every response token is the model's."""
+
+    @property
+    def num_model_tokens(self) -> int:
+        """Response tokens the model sampled (what the loss counts)."""
+        if self.response_mask is None:
+            return len(self.response_tokens)
+        return sum(self.response_mask)

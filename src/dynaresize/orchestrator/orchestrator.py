@@ -55,6 +55,7 @@ from dynaresize.control.base import Controller
 from dynaresize.control.registry import make_controller
 from dynaresize.core.allocation import Allocation
 from dynaresize.core.rundir import RunDir
+from dynaresize.envs.setup import build_env
 from dynaresize.evaluation.evaluator import Evaluator
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.board import StepBoard
@@ -128,11 +129,11 @@ class Orchestrator:
             if checkpoints is None else Checkpointer(checkpoints, cfg, state, clock, rundir)
         self.resizer = Resizer(state, boundary, engines, self.executor, self.recovery, clock)
         controller = controller or make_controller(cfg)
-        self.streaming = bool(controller.streams_training
+        self.streaming = bool(controller.streams_training and not cfg.env.name
                               and cfg.controller.stream_training and cfg.train.exact_reduction
                               and not (cfg.train.dynamic_sampling.enabled
                                        and not cfg.train.max_tokens_per_micro_batch))
-        """Training streams over completed groups (`dynaresize.core.stream`)."""
+        """Training streams over completed groups (`dynaresize.core.stream`; not episodes)."""
         self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
                               and cfg.controller.pipeline_rollouts and injector is None)
         """Step k + 1's rollout starts on the engines step k's tail has emptied."""
@@ -141,7 +142,9 @@ class Orchestrator:
                               cfg.run.staleness == 0 and self.streaming)
         parts = LoopParts(state, board, self.resizer, self.recovery, clock, rundir, switch)
         self.rollout = RolloutLoop(
-            RolloutSettings.from_config(cfg, self.streaming, self.pipelined), parts,
+            RolloutSettings.from_config(
+                cfg, self.streaming, self.pipelined,
+                build_env(cfg.env, source, clock) if cfg.env.name else None), parts,
             engines=engines, controller=controller, view=self.views, source=source,
             background=self.background, injector=injector)
         self.train = TrainLoop(
@@ -176,4 +179,5 @@ class Orchestrator:
             raise
         await self.checkpointer.drain()
         return await run_summary(state, self.resizer, clock, self.rundir,
-                                 self.cfg.global_batch_size)
+                                 self.cfg.global_batch_size,
+                                 self.rollout.episode_totals.summary())

@@ -28,6 +28,7 @@ from dynaresize.control.base import Controller
 from dynaresize.core.dynamic_sampling import rate_step
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.episodes import EpisodeTotals
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts
 from dynaresize.orchestrator.pipeline import Endings
@@ -63,6 +64,8 @@ class RolloutLoop:
         (`RunSettings.pack_batch`, `RunSettings.spread`)."""
         self.filter_rates: dict[int, float] = {}
         """Dynamic sampling: step -> its filter rate (plans later steps' rounds)."""
+        self.episode_totals = EpisodeTotals()
+        """`[env]`: the run's episode figures (summary.json)."""
 
     async def run(self) -> None:
         """Consumes prompt batches; waits for version max(0, k - s); produces samples[k]."""
@@ -138,6 +141,9 @@ class RolloutLoop:
                 rollout.version, settings.max_running_requests, settings.slice_s,
                 light_batch=settings.tail_batch, pack_batch=settings.pack_batch,
                 tail_order=policy != "off", spread=policy == "spread" and not self.pipelined)
+            if rollout.episodes is not None:  # [env]: a HeldRun, open while episodes last
+                return rollout.episodes.make_run(rollout.specs, run_settings,
+                                                 rollout.receive, self._on_lost(rollout))
             return RolloutRun(self.clock, rollout.specs, run_settings,
                               rollout.receive, self._on_lost(rollout),
                               drain=self._may_drain, may_spread=self._may_spread,
@@ -200,7 +206,12 @@ class RolloutLoop:
         rollout-end moves and wait for every resize the step fired."""
         run = rollout.run
         assert run is not None
-        await run.wait()
+        try:
+            await run.wait()
+        except BaseException:
+            if rollout.episodes is not None:
+                rollout.episodes.cancel()  # episodes still waiting for a turn
+            raise
         self.engines.end_run(run)
         if previous is not None:
             await previous  # ends in step order (pipeline.Endings)
@@ -210,6 +221,8 @@ class RolloutLoop:
         if rollout.filter_rate is not None:
             self.filter_rates[rollout.step] = rollout.filter_rate
         self.num_migrated += run.num_migrated
+        if rollout.episodes is not None:
+            self.episode_totals.add(rollout.episodes)
         self.rundir.samples(got.records)
         self.board.post_samples(rollout.step, got)
         run.close()

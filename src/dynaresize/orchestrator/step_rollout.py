@@ -11,7 +11,9 @@ The policy version a step samples from is `RolloutSettings.version_for(step)`, n
 A step's prompt set is `prompts`. With dynamic sampling the step gets its prompt stream, of
 which it dispatches the first ones up front and, each time a group without a reward signal
 finishes, one more (`_top_up`, planned by `core.dynamic_sampling.TopUp`): `add_prompts`
-grows `prompts` and the new requests join the running `RolloutRun` (`add_requests`).
+grows `prompts` and the new requests join the running `RolloutRun` (`add_requests`). With
+`[env]` every sample is an episode: `episodes` (`orchestrator.episodes.StepEpisodes`) builds
+the run, takes the completions and assembles.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from dynaresize.core.dynamic_sampling import (
 from dynaresize.core.samples import StepSamples, assemble_step
 from dynaresize.core.stream import StepStream
 from dynaresize.core.types import Completion, RequestSpec, request_seed
+from dynaresize.envs.setup import EnvSetup
+from dynaresize.orchestrator.episodes import StepEpisodes
 from dynaresize.orchestrator.source import PromptLike, PromptSource
 from dynaresize.orchestrator.state import sample_version
 from dynaresize.protocols import Clock
@@ -68,14 +72,16 @@ class RolloutSettings:
     dynamic: DynamicSampling | None = None
     """`[train.dynamic_sampling]` when enabled: the step's prompts come from a seeded
     stream, topped up live, and only the kept groups train (`core.dynamic_sampling`)."""
+    env: EnvSetup | None = None
+    """`[env]` on: every sample is an episode (`orchestrator.episodes`)."""
 
     @classmethod
-    def from_config(cls, cfg: Config, streaming: bool = False,
-                    pipelined: bool = False) -> RolloutSettings:
+    def from_config(cls, cfg: Config, streaming: bool = False, pipelined: bool = False,
+                    env: EnvSetup | None = None) -> RolloutSettings:
         ds = cfg.train.dynamic_sampling
         dynamic = DynamicSampling(cfg.task.prompts_per_step, ds.max_rounds, ds.margin) \
             if ds.enabled else None
-        return cls(streaming=streaming, pipelined=pipelined, dynamic=dynamic,
+        return cls(streaming=streaming, pipelined=pipelined, dynamic=dynamic, env=env,
                    adv_spec=advantage_spec(cfg.train.loss, cfg.task.max_new_tokens),
                    steps=cfg.run.steps, staleness=cfg.run.staleness, seed=cfg.run.seed,
                    prompts_per_step=cfg.task.prompts_per_step,
@@ -136,6 +142,10 @@ class StepRollout:
         self.filter_rate: float | None = None
         """Dynamic sampling: the share of the step's groups without a reward signal (known
         once `assemble` ran)."""
+        self.episodes: StepEpisodes | None = None if settings.env is None else StepEpisodes(
+            settings.env, step, self.version, settings.seed, self.prompts,
+            settings.samples_per_prompt, settings.max_new_tokens, settings.temperature, clock)
+        """`[env]`: the step's episodes; `specs` are their first turns."""
 
     def requests(self, prompts: Sequence[PromptLike]) -> list[RequestSpec]:
         """The request specs of `prompts`: `samples_per_prompt` each, seeded by
@@ -171,7 +181,11 @@ class StepRollout:
     def receive(self, done: list[Completion]) -> None:
         """The run's completion stream: reward each completion, add it to the step's
         stream (`changed` is set when micro-batches become ready), then let the watchers see
-        the progress."""
+        the progress. Episodes: each finished turn goes to its episode."""
+        if self.episodes is not None:
+            self.episodes.receive(done)
+            self.watch(self)
+            return
         stream = self.stream
         for c in done:
             key = (c.spec.prompt, c.spec.sample)
@@ -218,7 +232,10 @@ class StepRollout:
         assert run is not None
         end_s = self.clock.now()
         stream, s = self.stream, self.settings
-        if self.top_up is not None:  # the kept groups train; the batch's groups are recorded
+        if self.episodes is not None:
+            got = self.episodes.assemble(self.expected(), end_s - self.started_s,
+                                         s.record_tokens, s.adv_spec)
+        elif self.top_up is not None:  # the kept groups train; the batch's groups are recorded
             batch = self.top_up.batch()
             inside = set(batch)
             got, self.filter_rate = assemble_dynamic(

@@ -13,9 +13,10 @@ from dynaresize.protocols import Clock
 
 
 async def run_summary(state: RunState, resizer: Resizer, clock: Clock, rundir: RunDir,
-                      global_batch_size: int) -> dict[str, Any]:
-    """Checksums of the final weights (every trainer holds them) and the run's figures;
-    written to the run directory and returned."""
+                      global_batch_size: int, extra: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
+    """Checksums of the final weights (every trainer holds them) and the run's figures
+    (and `extra`'s); written to the run directory and returned."""
     trainers = state.train_devices()
     sums = await asyncio.gather(*(d.param_checksum() for d in trainers))
     param_sum, param_sha = sums[0]
@@ -35,7 +36,7 @@ async def run_summary(state: RunState, resizer: Resizer, clock: Clock, rundir: R
         "num_failed_resizes": len(resizer.reports) - num_resizes,
         "num_skipped_resizes": len(resizer.skipped),
         "final_reward": metrics[-1]["reward_mean"] if metrics else 0.0,
-        "param_sum": param_sum, "param_sha256": param_sha,
+        "param_sum": param_sum, "param_sha256": param_sha, **(extra or {}),
     }
     rundir.summary(summary)
     return summary

@@ -8,9 +8,9 @@ in-flight requests are exported (token prefix + sampler state) and requeued at t
 on the other engines.
 
 Progress is reported at a bounded granularity: completions reach `on_completions` in batches of at
-least `PROGRESS_FRACTION` (1%) of the requests in flight (dispatched, unfinished), and always before
-the run finishes, so a watcher (controller, fault injection) sees progress at most ~1% of a
-request's duration late, whatever the queue. Dispatch still happens at every completion.
+least `PROGRESS_FRACTION` (1%) of the requests in flight (dispatched, unfinished), always before
+the run finishes (watchers see progress at most ~1% of a request's duration late); dispatch
+happens at every completion.
 
 A run is built complete (`RunSettings`, its callbacks, the engine pool's `Arrivals`) and changed
 only through its methods. Its parts: `slots` (the engines and dispatch), `tail_order` (the queue
@@ -280,17 +280,21 @@ class RolloutRun:
                 if self.tail is not None:
                     self.tail.submitted(work)
                 await device.submit(work)
+            t_slice = clock.now()
             if span is None:
-                t0 = clock.now()
-                span = self.busy_s.setdefault(slot.index, [t0, t0])
+                span = self.busy_s.setdefault(slot.index, [t_slice, t_slice])
             if not self.queue and self.drain is not None and self.drain():
                 # nothing left to dispatch and nobody watching progress: one call per device
                 completions = await device.run_rollout(slice_s * DRAIN_SLICES, True)
             else:
                 completions = await device.run_rollout(slice_s)
             span[1] = clock.now()
+            self._sliced(t_slice, span[1])
             if completions and self._completed(slot, completions):
                 return
+
+    def _sliced(self, start_s: float, end_s: float) -> None:
+        """A device's `run_rollout` call ran from `start_s` to `end_s` (`HeldRun` keeps it)."""
 
     def _completed(self, slot: EngineSlot, completions: list[Completion]) -> bool:
         """`slot`'s engine finished `completions`: count, report, dispatch, maybe hand the

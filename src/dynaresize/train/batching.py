@@ -10,9 +10,10 @@
   once; element r is what training rank r passes to `FSDPTrainer.train_step`. With a token
   budget (> 0) the plan is `balance.balanced_plan` instead: token-budgeted micro-batches,
   balanced over the ranks by LPT, each carrying its global index.
-- `global_num_tokens(samples)`: the response-token count the loss is divided by.
+- `global_num_tokens(samples)`: the model-token count the loss is divided by.
 - `pack(micro_batch)`: samples → right-padded tensors (`PackedBatch`), positions aligned so that
-  position j holds what is needed to score token j + 1.
+  position j holds what is needed to score token j + 1. A sample's `response_mask` (episodes)
+  keeps the environment's tokens out of the loss.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def plan_step(samples: Sequence[TrainSample], micro_batch_size: int, num_ranks: 
 
 
 def global_num_tokens(samples: Sequence[TrainSample]) -> int:
-    """Response tokens of the whole global batch: the loss's denominator."""
-    return sum(len(s.response_tokens) for s in samples)
+    """Model tokens of the whole global batch (every response token of a single-turn
+    sample; an episode's masked ones): the loss's denominator."""
+    return sum(s.num_model_tokens for s in samples)
 
 
 @dataclass
@@ -111,6 +113,10 @@ def pack(micro_batch: Sequence[TrainSample], pad_token_id: int = 0) -> PackedBat
             raise ValueError(f"sample (prompt={s.prompt}, sample={s.sample}) has "
                              f"{len(s.response_tokens)} tokens but "
                              f"{len(s.behavior_logprobs)} behavior log-probs")
+        if s.response_mask is not None and len(s.response_mask) != len(s.response_tokens):
+            raise ValueError(f"sample (prompt={s.prompt}, sample={s.sample}) has "
+                             f"{len(s.response_tokens)} tokens but {len(s.response_mask)} "
+                             "response mask entries")
     length = max(len(s.prompt_tokens) + len(s.response_tokens) for s in micro_batch)
     size = len(micro_batch)
     import torch
@@ -130,6 +136,11 @@ def pack(micro_batch: Sequence[TrainSample], pad_token_id: int = 0) -> PackedBat
         loss_mask[row, span] = True
         old_logprobs[row, span] = torch.tensor(s.behavior_logprobs, dtype=torch.float32)
         advantages[row, span] = float(s.advantage)
+        if s.response_mask is not None:  # environment tokens: no loss, no advantage
+            keep = torch.tensor(s.response_mask, dtype=torch.bool)
+            loss_mask[row, span] &= keep
+            old_logprobs[row, span] *= keep
+            advantages[row, span] *= keep
     targets = torch.full_like(input_ids, pad_token_id)
     targets[:, :-1] = input_ids[:, 1:]
     return PackedBatch(input_ids, attention_mask, targets, loss_mask, old_logprobs, advantages)

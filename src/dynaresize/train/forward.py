@@ -61,12 +61,13 @@ def loss_spec(config: object, temperature: float, pad_token_id: int,
 
 def row_weights(micro_batch: MicroBatch, aggregation: str) -> torch.Tensor | None:
     """[B, 1] weight of each sample's tokens in the loss SUM (None: 1 each): 'sequence' 1 /
-    its response tokens, 'group' 1 / its group's response tokens. A function of the sample
-    (and its group) only, so a micro-batch's loss never depends on the others."""
+    its model tokens (`TrainSample.num_model_tokens`), 'group' 1 / its group's response
+    tokens. A function of the sample (and its group) only, so a micro-batch's loss never
+    depends on the others."""
     if aggregation in ("token", "constant"):
         return None
     if aggregation == "sequence":
-        counts = [len(s.response_tokens) for s in micro_batch]
+        counts = [s.num_model_tokens for s in micro_batch]
     elif aggregation == "group":
         counts = [s.group_tokens for s in micro_batch]
         if any(c <= 0 for c in counts):
