@@ -8,7 +8,8 @@ across nodes for gloo and NCCL alike. The listening socket is bound here, to tha
 and handed to the store (`master_listen_fd`): a TCPStore opened by port alone binds every
 interface (`::`). Each world (start-up, every rebuild) gets a fresh store, so keys never
 collide; a store dies with its host, which is why a rebuild opens a new one on a survivor.
-Subgroups (`DeviceActor.group`, the communicator cache) rendezvous through the world's store.
+Subgroups (`DeviceActor.group`, the communicator cache: `new_subgroup`) rendezvous through the
+world's store and time out as the world does (`faults.timeout_s`).
 
 Re-forming the world after a device died (`DeviceActor.rebuild_world`, with the helpers here).
 With gloo, a collective that includes a dead rank fails ("connection closed by peer") or, if
@@ -94,6 +95,15 @@ def init_world(backend: str, store: str, ranks: dict[int, int], index: int,
     dist.init_process_group(backend, store=connect_store(store, len(ranks), pg_timeout_s),
                             rank=ranks[index], world_size=len(ranks),
                             timeout=timedelta(seconds=pg_timeout_s))
+
+
+def new_subgroup(ranks: list[int], pg_timeout_s: float) -> Any:
+    """A subgroup of the world (every world rank calls it) with the world's timeout: without
+    one, `new_group` takes torch's default (30 min for gloo), so a collective with a dead peer
+    in a subgroup (the training group) would wait that long instead of `faults.timeout_s`."""
+    import torch.distributed as dist
+
+    return dist.new_group(ranks=ranks, timeout=timedelta(seconds=pg_timeout_s))
 
 
 def keep_shards(trainer: FSDPTrainer) -> dict[str, Any]:
