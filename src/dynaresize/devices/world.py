@@ -112,11 +112,15 @@ def keep_shards(trainer: FSDPTrainer) -> dict[str, Any]:
 
 
 def leave_world() -> None:
-    """Drop the world group and every cached subgroup (step 2)."""
+    """Drop the world group and every cached subgroup (step 2); the groups of vLLM's private
+    world in this process stay (`rollout.vllm_world.vllm_groups_kept_apart`)."""
     import torch.distributed as dist
 
+    from dynaresize.rollout.vllm_world import vllm_groups_kept_apart
+
     if dist.is_initialized():
-        dist.destroy_process_group()
+        with vllm_groups_kept_apart():
+            dist.destroy_process_group()
 
 
 def restore_shards(trainer: FSDPTrainer, kept: dict[str, Any] | None,
