@@ -172,7 +172,7 @@ class _DeathsOnly:
     num_repairs = 0
 
     def __init__(self, faults, state, engines, fence, stepper, clock,  # type: ignore
-                 rundir) -> None:
+                 rundir, **hooks) -> None:
         self.fence = fence
 
     def on_rollout_lost(self, device, exc) -> bool:  # type: ignore[no-untyped-def]

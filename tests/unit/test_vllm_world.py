@@ -34,3 +34,39 @@ def test_private_world_is_per_thread_with_its_own_group_counter(restore_world: N
     assert c10d._world.group_count == ours
     with vllm_world.private_world():
         assert c10d._world.group_count == private  # kept for the process's next engine
+
+
+def test_vllm_groups_survive_the_device_world_leaving(restore_world: None, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A world rebuild (`devices.world.leave_world`: `destroy_process_group()`) shut down and
+    dropped every process group of the process, vLLM's private world's too (the group maps are
+    torch module globals): the device's next vLLM engine then failed ("... is not initialized in
+    the world group map"). vLLM's groups are kept apart and put back."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from dynaresize.devices.world import leave_world
+
+    if dist.is_initialized():
+        pytest.skip("this process already has a torch.distributed world")
+    timeout = timedelta(seconds=30)
+    with vllm_world.private_world():  # what vLLM's start-up does, in its own world
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "vllm"), 1),
+                                    rank=0, world_size=1, timeout=timeout)
+        vllm_group = dist.new_group(ranks=[0])
+    try:
+        for k in range(2):  # the device's world, formed and left (a rebuild), twice
+            dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / f"w{k}"), 1),
+                                    rank=0, world_size=1, timeout=timeout)
+            dist.new_group(ranks=[0])  # the training group
+            leave_world()
+            assert not dist.is_initialized()
+        with vllm_world.private_world():  # the next engine's start-up and its collectives
+            assert dist.is_initialized()
+            dist.new_group(ranks=[0])
+            dist.all_reduce(torch.ones(2), group=vllm_group)
+    finally:
+        with vllm_world.private_world():
+            dist.destroy_process_group()

@@ -141,11 +141,12 @@ class DeviceActor:
     # ------------------------------------------------------------------ communicators
     def group(self, members: tuple[int, ...]) -> Any:
         """Communicator cache: every world rank calls this with the same members, same order."""
-        import torch.distributed as dist
+        from dynaresize.devices.world import new_subgroup
 
         members = tuple(sorted(members))
-        if members not in self.groups:
-            self.groups[members] = dist.new_group(ranks=[self.rank_of[m] for m in members])
+        if members not in self.groups:  # the world's timeout (`faults.timeout_s`), not 30 min
+            self.groups[members] = new_subgroup([self.rank_of[m] for m in members],
+                                                self.pg_timeout_s)
             self.group_creations += 1
         return self.groups[members]
 

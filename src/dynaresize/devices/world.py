@@ -8,7 +8,8 @@ across nodes for gloo and NCCL alike. The listening socket is bound here, to tha
 and handed to the store (`master_listen_fd`): a TCPStore opened by port alone binds every
 interface (`::`). Each world (start-up, every rebuild) gets a fresh store, so keys never
 collide; a store dies with its host, which is why a rebuild opens a new one on a survivor.
-Subgroups (`DeviceActor.group`, the communicator cache) rendezvous through the world's store.
+Subgroups (`DeviceActor.group`, the communicator cache: `new_subgroup`) rendezvous through the
+world's store and time out as the world does (`faults.timeout_s`).
 
 Re-forming the world after a device died (`DeviceActor.rebuild_world`, with the helpers here).
 With gloo, a collective that includes a dead rank fails ("connection closed by peer") or, if
@@ -96,17 +97,30 @@ def init_world(backend: str, store: str, ranks: dict[int, int], index: int,
                             timeout=timedelta(seconds=pg_timeout_s))
 
 
+def new_subgroup(ranks: list[int], pg_timeout_s: float) -> Any:
+    """A subgroup of the world (every world rank calls it) with the world's timeout: without
+    one, `new_group` takes torch's default (30 min for gloo), so a collective with a dead peer
+    in a subgroup (the training group) would wait that long instead of `faults.timeout_s`."""
+    import torch.distributed as dist
+
+    return dist.new_group(ranks=ranks, timeout=timedelta(seconds=pg_timeout_s))
+
+
 def keep_shards(trainer: FSDPTrainer) -> dict[str, Any]:
     """A CPU copy of `trainer`'s training shards (step 1 of the module docstring)."""
     return {k: v.detach().clone() for k, v in trainer.local_shards().items()}
 
 
 def leave_world() -> None:
-    """Drop the world group and every cached subgroup (step 2)."""
+    """Drop the world group and every cached subgroup (step 2); the groups of vLLM's private
+    world in this process stay (`rollout.vllm_world.vllm_groups_kept_apart`)."""
     import torch.distributed as dist
 
+    from dynaresize.rollout.vllm_world import vllm_groups_kept_apart
+
     if dist.is_initialized():
-        dist.destroy_process_group()
+        with vllm_groups_kept_apart():
+            dist.destroy_process_group()
 
 
 def restore_shards(trainer: FSDPTrainer, kept: dict[str, Any] | None,

@@ -122,7 +122,9 @@ class Orchestrator:
                             cfg.train.max_tokens_per_micro_batch)
         self.recovery: Recovery | NullRecovery = NullRecovery() if faults is None else \
             Recovery(faults, state, engines, lambda index: self.resizer.fence(index), stepper,
-                     clock, rundir)
+                     clock, rundir,
+                     reassign=lambda index, role: self.resizer.reassign(index, role),
+                     repair_soon=lambda: self.resizer.repair_soon())
         if isinstance(self.recovery, Recovery):  # an engine dying as it loads weights
             engines.on_engine_lost(self.recovery.on_rollout_lost)
         self.checkpointer: Checkpointer | NullCheckpointer = NullCheckpointer() \

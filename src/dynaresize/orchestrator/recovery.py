@@ -25,6 +25,10 @@ or dropped, and the versions already published stay valid. Memory: the samples o
 `run.checkpoint_every` steps (all steps when checkpoints are off). A training step that failed
 is never skipped: it reruns on the survivors.
 
+A death that empties a pool (its only device): at the repair a live device of the other pool
+moves into it (`reassign`, the resizer's) and the trainers' state is restored; a rollout pool
+emptied while the train loop waits for its samples is repaired at once (`repair_soon`).
+
 A death during a resize: the executor rolls back (or its rollback fails on the dead device);
 then the same path runs, on the old allocation minus the dead device. Rollout devices that the
 failed resize had stopped are brought back to serving.
@@ -33,11 +37,12 @@ failed resize had stopped are brought back to serving.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from dynaresize.core.rundir import RunDir
 from dynaresize.core.samples import StepSamples
+from dynaresize.core.types import Role
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.state import RunState
@@ -90,12 +95,20 @@ class Recovery:
 
     def __init__(self, faults: DeviceFaults, state: RunState, engines: EnginePool,
                  fence: Callable[[int], None], stepper: PlainStep, clock: Clock,
-                 rundir: RunDir) -> None:
+                 rundir: RunDir, *,
+                 reassign: Callable[[int, Role], Awaitable[None]] | None = None,
+                 repair_soon: Callable[[], None] | None = None) -> None:
         self.is_alive = faults.is_alive
         self.new_store = faults.new_store
         self.state = state
         self.engines = engines
         self.fence = fence
+        self.reassign = reassign
+        """`reassign(index, role)`: move a live device into a pool deaths emptied (the
+        resizer's `Resizer.reassign`, the allocation's one writer); None: such a run stops."""
+        self.repair_soon = repair_soon
+        """Repair at the boundary in the background (`Resizer.repair_soon`): a death that
+        empties the rollout pool, as no step can reach the boundary otherwise."""
         self.stepper = stepper
         self.clock = clock
         self.rundir = rundir
@@ -133,6 +146,8 @@ class Recovery:
         self.records.append({"device": index, "role": role, "how": how, "t_s": now})
         self.rundir.event(now, now, index, "fault", critical=True, role=role, how=how)
         self.engines.drop_lost(state.devices[index], RuntimeError(f"device {index} {how}"))
+        if not state.allocation.rollout and self.repair_soon is not None:
+            self.repair_soon()
 
     # ------------------------------------------------------------------ detection
     def on_rollout_lost(self, device: RolloutOps, exc: BaseException) -> bool:
@@ -170,12 +185,30 @@ class Recovery:
         if self.world_stale:
             raise RuntimeError(f"recovery gave up: devices {self.lost} died")
 
+    async def _refill_empty_pool(self) -> None:
+        """Deaths emptied a pool (its only device died, e.g. after a resize had left one
+        trainer): a live device of the other pool, if it has two or more, moves to it. Either
+        way the trainers' state is restored (a new trainer has none, a leaving one takes its
+        shards). Both pools need a device: with one survivor the run stops (an error)."""
+        allocation = self.state.allocation
+        if allocation.train and allocation.rollout:
+            return
+        empty, other = (Role.TRAIN, allocation.rollout) if not allocation.train \
+            else (Role.ROLLOUT, allocation.train)
+        if len(other) < 2 or self.reassign is None:
+            raise RuntimeError(f"device deaths {self.lost} left {allocation.describe()}; "
+                               "each pool needs at least one device")
+        index = other[-1]
+        await self.reassign(index, empty)
+        self.train_state_lost = True
+        now = self.clock.now()
+        self.records[-1]["reassigned"] = {"device": index, "to": empty.value}
+        self.rundir.event(now, now, index, "reassign", critical=True, role=empty.value,
+                          lost=list(self.lost))
+
     async def _repair_once(self) -> None:
         state = self.state
-        if not state.allocation.train or not state.allocation.rollout:
-            raise RuntimeError(f"device deaths {self.lost} left "
-                               f"{state.allocation.describe()}; "
-                               "each pool needs at least one device")
+        await self._refill_empty_pool()
         t0 = self.clock.now()
         survivors = [d for d in state.devices if d.index not in self.lost]
         ranks = {d.index: r for r, d in enumerate(survivors)}

@@ -52,6 +52,34 @@ class Resizer:
         self.executor.mark_lost(index)
         self.state.fence(index)
 
+    async def reassign(self, index: int, role: Role) -> None:
+        """Recovery, at the boundary: device deaths emptied the pool of `role`, live device
+        `index` of the other pool moves to it. Into training: it stops serving, its requests
+        go back to the queue and its engine is released (recovery's world rebuild makes it a
+        trainer and restores the state). Into the rollout: only the allocation changes (the
+        rebuild drops its trainer, recovery's `_serve_again` makes it serve)."""
+        device = self.state.devices[index]
+        if role is Role.TRAIN:
+            await self.engines.stop_admission(device)
+            self.engines.requeue(device, await device.export_inflight())
+            await device.release_kv()
+            await device.release_rollout_weights()
+            self.engines.forget_moved((), (index,))
+        self.state.commit_allocation(self.state.allocation.with_roles({index: role}))
+
+    def repair_soon(self) -> None:
+        """Recovery: a death emptied the rollout pool, so no step reaches the boundary where
+        repairs run (the train loop waits for that rollout). Repair at the boundary now, in
+        the background (its error fails the run)."""
+        async def go() -> None:
+            await self.boundary.acquire_for_resize()
+            try:
+                await self.recovery.repair()
+            finally:
+                self.boundary.release()
+
+        self.engines.background.spawn(go())
+
     def resize_soon(self, move: Move, step: int) -> asyncio.Future[Any]:
         """Start a controller's move in the background (it waits for the next optimizer-step
         boundary)."""

@@ -97,10 +97,11 @@ class TrainLoop:
             async with self.boundary.lock:
                 t0 = self.clock.now()  # streaming: train_s is what the rollout end waits for
                 while True:  # a device death mid-step: recover, then rerun the step
+                    await recovery.repair()  # outside the try: a repair that fails (e.g. no
+                    # device left for a pool) ends the run; retrying it would loop forever
+                    if recovery.num_repairs != num_repairs:  # a rebuilt world (e.g. a
+                        stream = None  # rollout death) dropped the held gradients
                     try:
-                        await recovery.repair()
-                        if recovery.num_repairs != num_repairs:  # a rebuilt world (e.g.
-                            stream = None  # a rollout death) dropped the held gradients
                         trainers = state.train_devices()
                         if stream is not None:
                             stats, t1, handles, finish_s = await self.streamer.finish(

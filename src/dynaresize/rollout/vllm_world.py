@@ -15,6 +15,10 @@ from typing import Any
 
 _VLLM_WORLD: Any = None
 """vLLM's private torch.distributed world (size 1), kept for the process's later engines."""
+_VLLM_GROUPS: set[Any] = set()
+"""The process groups created inside `private_world` (vLLM's default group and subgroups)."""
+_SHARED_MAPS = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag")
+"""torch's group maps that are module globals, shared by every `_World` (keyed by group)."""
 
 
 class _ThreadWorlds:
@@ -70,11 +74,41 @@ def private_world() -> Iterator[None]:
         _VLLM_WORLD = c10d._World()
     local, set_num_threads = c10d._world._local, torch.set_num_threads
     local.world = _VLLM_WORLD
+    before = set(c10d._world.pg_names)
     try:
         yield
     finally:
+        _VLLM_GROUPS.update(set(c10d._world.pg_names) - before)
         local.world = None
         torch.set_num_threads = set_num_threads
+
+
+@contextlib.contextmanager
+def vllm_groups_kept_apart() -> Iterator[None]:
+    """Around the device's `destroy_process_group()` (a world rebuild): that call shuts down
+    and forgets every group in torch's maps, which vLLM's world shares (module globals), so
+    vLLM's next engine in this process failed ("... not initialized in the world group map").
+    vLLM's groups leave the maps for the call and come back after it, registered by name
+    again (the call unregisters every name)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    world = c10d._world
+    kept = {name: {pg: getattr(world, name).pop(pg) for pg in list(getattr(world, name))
+                   if pg in _VLLM_GROUPS} for name in _SHARED_MAPS}
+    tags = {tag: [pg for pg in pgs if pg in _VLLM_GROUPS]
+            for tag, pgs in world.tags_to_pg.items()}
+    for pgs in world.tags_to_pg.values():
+        pgs[:] = [pg for pg in pgs if pg not in _VLLM_GROUPS]
+    try:
+        yield
+    finally:
+        for name, entries in kept.items():
+            getattr(world, name).update(entries)
+        for tag, pgs in tags.items():
+            if pgs:
+                world.tags_to_pg.setdefault(tag, []).extend(pgs)
+        for pg, group_name in kept["pg_names"].items():
+            c10d._register_process_group(group_name, pg)
 
 
 def model_dir(template: Any) -> str:

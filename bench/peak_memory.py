@@ -1,0 +1,124 @@
+"""Peak memory of a command and every process it starts (a `dynaresize train` driver, its Ray
+cluster, device actors, evaluation worker): proportional set size (PSS, shared pages split
+among their users, so the sum is what the machine holds) from /proc/PID/smaps_rollup, sampled
+every `--every-s` seconds over the command's process tree.
+
+    python bench/peak_memory.py [--every-s 0.5] [--json FILE] -- dynaresize train \\
+        --config examples/real-arith.toml --out /tmp/m --set run.steps=3
+
+Prints the peak of the total and, at that moment and at each kind's own peak, the PSS per
+process kind (device actor, evaluation worker, driver, Ray, other), in GiB. Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+GIB = 2**30
+
+
+def children_map() -> dict[int, list[int]]:
+    """parent pid -> child pids, from /proc/*/stat."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        out[ppid].append(int(entry))
+    return out
+
+
+def tree(root: int) -> list[int]:
+    """`root` and all its descendants alive now."""
+    kids, todo, seen = children_map(), [root], []
+    while todo:
+        pid = todo.pop()
+        seen.append(pid)
+        todo.extend(kids.get(pid, []))
+    return seen
+
+
+def pss_bytes(pid: int) -> int:
+    """PSS of `pid` (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def kind(pid: int, root: int) -> str:
+    """What the process is, from its command line (Ray names its workers by actor class)."""
+    if pid == root:
+        return "driver"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "gone"
+    if "DeviceActor" in cmd:
+        return "device actor"
+    if "Eval" in cmd:
+        return "eval worker"
+    if re.search(r"\bray\b|raylet|gcs_server", cmd):
+        return "ray"
+    return "other"
+
+
+def sample(root: int) -> dict[str, float]:
+    """GiB per kind (and 'total') now."""
+    by_kind: dict[str, float] = defaultdict(float)
+    for pid in tree(root):
+        by_kind[kind(pid, root)] += pss_bytes(pid) / GIB
+    by_kind["total"] = sum(v for k, v in by_kind.items() if k != "gone")
+    by_kind.pop("gone", None)
+    return dict(by_kind)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--every-s", type=float, default=0.5)
+    parser.add_argument("--json")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to measure after --")
+    proc = subprocess.Popen(command)
+    peak: dict[str, float] = {"total": 0.0}
+    kind_peak: dict[str, float] = defaultdict(float)
+    num_processes = 0
+    t0 = time.monotonic()
+    while proc.poll() is None:
+        now = sample(proc.pid)
+        num_processes = max(num_processes, len(now) - 1)
+        if now["total"] > peak["total"]:
+            peak = now
+        for k, v in now.items():
+            kind_peak[k] = max(kind_peak[k], v)
+        time.sleep(args.every_s)
+    result = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 1),
+              "peak_total_gib": round(peak["total"], 3),
+              "at_peak_gib": {k: round(v, 3) for k, v in sorted(peak.items())},
+              "kind_peak_gib": {k: round(v, 3) for k, v in sorted(kind_peak.items())}}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
