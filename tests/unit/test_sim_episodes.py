@@ -173,3 +173,41 @@ def test_twin_run_writes_every_episode_once(tmp_path: Path) -> None:
         for s in samples:
             traj = wl.step_requests(s["step"]).response_tokens[s["prompt"], s["sample"]]
             assert s["response_tokens"] == traj
+
+
+def test_cli_calibrate_then_simulate_episodes(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    from dynaresize.cli import main
+
+    summary = tmp_path / "timing.json"
+    summary.write_text(json.dumps({"summary": {**SUMMARY, "max_turns": 2}}))
+    model_path = tmp_path / "m.json"
+    assert main(["calibrate", "--episodes", str(summary), "--out", str(model_path)]) == 0
+    assert load_episode_model(model_path).mean_turns == 2.0
+    capsys.readouterr()
+    assert main(["simulate", "--episodes", str(model_path), "--gpus", "6", "--steps", "2",
+                 "--requests-per-step", "32", "--split", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in out["results"]] == [
+        "static", "colocated", "borrow", "hysteresis", "reference"]  # no oracle
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["calibrate", "--episodes", "{summary}", "--max-turns", "1"], "turns_per_episode"),
+    (["calibrate", "--episodes", "{summary}"], "max-turns"),
+    (["calibrate"], "RUN_DIR"),
+    (["simulate", "--episodes", "{summary}"], "unknown field 'summary'"),
+    (["simulate", "--episodes", "{model}", "--workload", "agentic-turns"], "synthetic preset"),
+    (["simulate", "--workload", "agentic-turns", "--speculation", "das", "--gpus", "4",
+      "--steps", "1", "--requests-per-step", "16", "--split", "2"], "speculation")])
+def test_cli_bad_episode_input_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                       argv: list[str], needle: str) -> None:
+    from dynaresize.cli import main
+
+    summary, model = tmp_path / "timing.json", tmp_path / "model.json"
+    summary.write_text(json.dumps({"summary": SUMMARY}))
+    model.write_text(json.dumps(AGENTIC_TURNS.to_json()))
+    argv = [a.format(summary=summary, model=model) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
