@@ -165,7 +165,8 @@ def test_twin_run_writes_every_episode_once(tmp_path: Path) -> None:
     wl = episode_workload("agentic-turns", seed=1, requests_per_step=64)
     out = simulate(wl, gpus=8, steps=3, staleness=1, seed=1,
                    policies=("static", "hysteresis"), out_dir=tmp_path, split=4)
-    assert {r["policy"] for r in out["results"]} == {"static", "hysteresis"}
+    rows = {r["policy"]: r for r in out["results"]}
+    assert rows["hysteresis"]["migrated_per_step"] > 0  # episodes exported and resumed
     for policy in ("static", "hysteresis"):
         samples = read_jsonl(tmp_path / policy / "samples.jsonl")
         keys = [(s["step"], s["prompt"], s["sample"]) for s in samples]

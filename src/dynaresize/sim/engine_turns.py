@@ -41,12 +41,14 @@ class SimEpisodeInflight(SimInflight):
 
 
 class TurnRequest(EngineRequest):
-    __slots__ = ("turns", "turn", "cached_tokens", "trajectory_tokens")
+    __slots__ = ("episode_prompt_tokens", "turns", "turn", "cached_tokens",
+                 "trajectory_tokens")
 
     def __init__(self, spec: RequestSpec, prompt_tokens: int,
                  turns: list[tuple[int, int, float]], turn: int, generated: int) -> None:
         context = prompt_tokens + sum(m + o for m, o, _ in turns[:turn])
         super().__init__(spec, context, turns[turn][0], generated)
+        self.episode_prompt_tokens = prompt_tokens
         self.turns, self.turn = turns, turn
         self.cached_tokens = 0
         """Context tokens a kept KV (prefix cache) holds at admission: not prefilled."""
@@ -128,8 +130,7 @@ class MultiTurnEngine(SimEngine):
             done.append(SimCompletion(req.spec, [length], [], "eos", self.index, version,
                                       length))
             return
-        nxt = TurnRequest(req.spec, req.prompt_tokens - sum(
-            m + o for m, o, _ in req.turns[:req.turn]), req.turns, req.turn + 1, 0)
+        nxt = TurnRequest(req.spec, req.episode_prompt_tokens, req.turns, req.turn + 1, 0)
         if self.keep_kv:
             nxt.cached_tokens = req.prompt_tokens + model
         heapq.heappush(self._parked, (now + tool_s, next(self._seq), nxt))
