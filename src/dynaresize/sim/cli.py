@@ -177,6 +177,7 @@ def twin_speculation(flag: str | None, path: str | None, sets: list[str]) -> str
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Consumes the parsed arguments; prints the table or the JSON object; writes --out."""
     from dynaresize.sim.calibrate import load_calibration, load_run_config, trace_from_run
+    from dynaresize.sim.cli_episodes import default_policies, episode_workload_from_args
     from dynaresize.sim.run import simulate
     from dynaresize.sim.workloads import resolve_workload
 
@@ -204,8 +205,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             split = split or run_cfg.allocation.num_rollout_devices
             staleness = run_cfg.run.staleness if args.staleness_given is None else staleness
         else:
-            workload = resolve_workload(args.workload, seed=args.seed,
-                                        requests_per_step=args.requests_per_step)
+            workload = episode_workload_from_args(args) or resolve_workload(
+                args.workload or "dapo-7b", seed=args.seed,
+                requests_per_step=args.requests_per_step)
         steps = args.steps or (workload.num_steps if workload.num_steps else 50)
         faults = twin_faults(args.config, args.set or [], gpus, steps)
         speculation = twin_speculation(args.speculation, args.config, args.set or [])
@@ -213,7 +215,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.from_run:  # the policy the live run ran (a forced schedule runs as static)
             run_policy = "static" if run_cfg.resize.schedule else run_cfg.controller.policy
         oracle = () if faults else ("oracle",)  # the oracle has no devices to kill
-        policies = _policies(args.policy) or ((run_policy, *oracle) if run_policy else None)
+        policies = _policies(args.policy) or ((run_policy, *oracle) if run_policy else
+                                              default_policies(workload))
         out = simulate(workload, gpus, policies, steps=steps, staleness=staleness,
                        seed=args.seed, cost_model=costs, out_dir=args.out, split=split,
                        faults=faults, speculation=speculation, workers=args.workers)
@@ -234,7 +237,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Fit cost-model parameters from a live run directory; print them; write JSON."""
     from dynaresize.sim.calibrate import calibrate, write_calibration
+    from dynaresize.sim.cli_episodes import cmd_calibrate_episodes
 
+    if args.episodes:
+        return cmd_calibrate_episodes(args)
+    if not args.run_dir:
+        raise UsageError("calibrate: give RUN_DIR (a `dynaresize train --out` directory) or "
+                         "--episodes SUMMARY.json")
     check_run_dir(args.run_dir, "calibrate")
     try:
         fit = calibrate(args.run_dir)
@@ -259,10 +268,12 @@ def _policy_help() -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `simulate` and `calibrate` to the `dynaresize` command."""
+    from dynaresize.sim.cli_episodes import add_calibrate_flags, add_simulate_flags
+
     sim = subparsers.add_parser("simulate", help="compare allocation policies on a workload "
                                 "in the digital twin (virtual time, SimDevices)")
-    sim.add_argument("--workload", default="dapo-7b", metavar="NAME|FILE",
-                     help="preset (dapo-7b, balanced, agentic, drift) or a .jsonl trace")
+    sim.add_argument("--workload", metavar="NAME|FILE", help="preset (dapo-7b (default), "
+                     "balanced, agentic, drift, agentic-turns) or a .jsonl trace")
     sim.add_argument("--from-run", metavar="DIR",
                      help="replay a live run's samples.jsonl (prompt lengths rebuilt from its "
                      "config.toml) instead of --workload")
@@ -294,9 +305,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "runs of 16384 request-steps or more); the numbers do not depend on it")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--out", metavar="DIR", help="write a run directory per policy")
+    add_simulate_flags(sim)
     sim.set_defaults(func=cmd_simulate)
 
     cal = subparsers.add_parser("calibrate", help="fit the twin's cost model to a live run")
-    cal.add_argument("run_dir", metavar="RUN_DIR", help="a `dynaresize train --out` directory")
-    cal.add_argument("--out", metavar="FILE", help="default: RUN_DIR/calibration.json")
+    cal.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                     help="a `dynaresize train --out` directory")
+    cal.add_argument("--out", metavar="FILE", help="default: RUN_DIR/calibration.json "
+                     "(--episodes: SUMMARY.episode_model.json)")
+    add_calibrate_flags(cal)
     cal.set_defaults(func=cmd_calibrate)

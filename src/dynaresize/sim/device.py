@@ -72,7 +72,7 @@ class SimDevice:
         self._wait = clock.after if isinstance(clock, VirtualClock) else clock.sleep
         """`clock.sleep` (VirtualClock: its frame-less `after`)."""
         self.version = 0
-        self.engine = make_engine(index, costs, self._lengths)
+        self.engine = make_engine(index, costs, self._lengths, clock)
         self._groups: set[frozenset[int]] = set()
         """Member sets this device has a communicator for (frozensets cache their hash)."""
         self._members: tuple[int, ...] = ()

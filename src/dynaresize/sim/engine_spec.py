@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
+from dynaresize.protocols import Clock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device_types import EngineRequest, Lengths, SimCompletion, SimInflight
 from dynaresize.sim.engine_model import SimEngine
@@ -33,8 +34,16 @@ class SpecRequest(EngineRequest):
         """Tokens per iteration at the engine's current budget."""
 
 
-def make_engine(index: int, costs: CostModel, lengths: Lengths) -> SimEngine:
-    """`SpecEngine` when `costs.speculation` is set, else the plain `SimEngine`."""
+def make_engine(index: int, costs: CostModel, lengths: Lengths,
+                clock: Clock | None = None) -> SimEngine:
+    """`MultiTurnEngine` for a workload of episodes (`sim.episodes`; it reads `clock`),
+    `SpecEngine` when `costs.speculation` is set, else the plain `SimEngine`."""
+    if getattr(lengths.workload, "episode_model", None) is not None:
+        if getattr(costs, "speculation", None) is not None:
+            raise ValueError("speculation is not modelled for multi-turn episodes "
+                             "(--episodes / agentic-turns): leave --speculation off")
+        from dynaresize.sim.engine_turns import MultiTurnEngine
+        return MultiTurnEngine(index, costs, lengths, clock)
     if getattr(costs, "speculation", None) is None:
         return SimEngine(index, costs, lengths)
     return SpecEngine(index, costs, lengths)

@@ -83,9 +83,14 @@ class StepSubset(Workload):
         self.num_steps = len(steps)
         self.max_rounds = getattr(workload, "max_rounds", 0)
         self.margin = getattr(workload, "margin", 0.5)
+        self.episode_model = getattr(workload, "episode_model", None)
 
     def step_requests(self, step: int) -> StepRequests:
         return self._inner.step_requests(self._steps[step])
+
+    def episodes(self, step: int) -> Any:
+        """The episodes of an `EpisodeWorkload` (sim.episodes) at this view's step."""
+        return self._inner.episodes(self._steps[step])  # type: ignore[attr-defined]
 
     def group_has_signal(self, step: int, prompt: int) -> bool:
         return self._inner.group_has_signal(self._steps[step], prompt)  # type: ignore

@@ -21,6 +21,8 @@ Presets (`get_workload(name)`):
   (a short tool call of ~300 tokens or a long reasoning turn of ~4,000), the long-turn
   probability drawn per prompt from Beta(2, 3).
 - `drift`: the `dapo-7b` shape with the median doubling every 25 steps (x4 over 50 steps).
+- `agentic-turns` (`resolve_workload` only): `agentic`'s batch and lengths as multi-turn
+  episodes, a turn per request and tool waits between turns (`sim.episodes`).
 
 Traces (`load_trace`): JSON Lines in the design §5 format, validated line by line.
 """
@@ -152,7 +154,8 @@ def get_workload(name: str, *, seed: int = 0, prompts_per_step: int | None = Non
     samples_per_prompt`; it must be a multiple of the group size.
     """
     if name not in PRESETS:
-        raise ValueError(f"workload {name!r}: allowed: {', '.join(PRESETS)} or a .jsonl trace")
+        raise ValueError(f"workload {name!r}: allowed: {', '.join(PRESETS)}, agentic-turns "
+                         "or a .jsonl trace")
     wl = replace(PRESETS[name], seed=seed, **overrides)
     if samples_per_prompt is not None:
         wl = replace(wl, samples_per_prompt=samples_per_prompt)
@@ -330,7 +333,11 @@ def write_trace(workload: Workload, steps: int, path: str) -> None:
 
 
 def resolve_workload(spec: str, **kwargs: Any) -> Workload:
-    """A preset name or a path to a `.jsonl` trace (what `simulate --workload` accepts)."""
+    """A preset name (`agentic-turns`: multi-turn episodes, `sim.episodes`) or a path to a
+    `.jsonl` trace (what `simulate --workload` accepts)."""
     if spec.endswith(".jsonl") or "/" in spec:
         return load_trace(spec)
+    if spec == "agentic-turns":
+        from dynaresize.sim.episodes import episode_workload
+        return episode_workload(spec, **kwargs)
     return get_workload(spec, **kwargs)
