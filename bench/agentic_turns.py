@@ -1,6 +1,7 @@
 """The twin's multi-turn workload calibrated from a live multi-turn run (issue 26, acceptance 4).
 
     python bench/agentic_turns.py                # live run + twin, writes docs
+    python bench/agentic_turns.py --live-only    # live run only: the timing file
     python bench/agentic_turns.py --twin-only    # twin from docs/data/agentic_timing.json
     python bench/agentic_turns.py --no-write --episodes 8 --gpus 32 --steps 3
 
@@ -173,6 +174,7 @@ def live_run(args: argparse.Namespace) -> dict[str, Any]:
         engine_busy_s=turns.stats[0].busy_s, wall_s=wall_s,
         engine_busy_in_tool_waits_s=overlap_s(busy, [w for ep in episodes
                                                      for w in ep.env_waits]),
+        env_s_values=sorted(round(o.env_s, 6) for ep in episodes for o in ep.observations),
         tool_calls=sum(1 for ep in episodes for o in ep.observations if o.role == "tool"),
         mean_reward=statistics.fmean(ep.reward for ep in episodes))
     return {"summary": summary, "setup": {
@@ -255,6 +257,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--twin-only", action="store_true",
                         help="skip the live run: read docs/data/agentic_timing.json")
+    parser.add_argument("--live-only", action="store_true",
+                        help="write docs/data/agentic_timing.json, skip the twin")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.twin_only:
@@ -265,6 +269,8 @@ def main() -> None:
         if not args.no_write:
             DATA.parent.mkdir(parents=True, exist_ok=True)
             DATA.write_text(json.dumps(data, indent=2) + "\n")
+    if args.live_only:
+        return
     text = report(data, twin(data["summary"], args), args)
     print(text)
     if not args.no_write:
