@@ -215,13 +215,19 @@ def report(data: dict[str, Any], rows: list[dict[str, Any]], args: argparse.Name
         f"{setup['model']}, {setup['envs']}, tool sleep {setup['tool_s']:g} s, "
         f"{setup['engine']} (shared 2-core machine): {s['turns_per_episode']:.2f} turns per "
         f"episode, {s['tokens_per_turn']:.1f} model and {s['observation_tokens_per_turn']:.1f} "
-        f"observation tokens per turn, environment answer p50 {s['env_s_p50']:.3f} s, p90 "
-        f"{s['env_s_p90']:.3f} s, engine {s['engine_tokens_per_s']:.1f} generated tokens/s "
+        f"observation tokens per turn, {s['tool_calls']} tool calls, environment answers p50 "
+        f"{s['env_s_p50']:.3f} s, p90 {s['env_s_p90']:.3f} s, engine "
+        f"{s['engine_tokens_per_s']:.1f} generated tokens/s "
         f"({s['engine_busy_in_tool_waits_s']:.1f} of its {s['engine_busy_s']:.1f} busy s "
-        "inside tool waits). Data: docs/data/agentic_timing.json.",
+        "inside tool waits). Data: docs/data/agentic_timing.json. The retry feedback answers "
+        f"at once; a tool answer ({setup['tool_s']:g} s in its sandbox) took "
+        f"{min(v for v in s['env_s_values'] if v > 0.1):.2f}-{max(s['env_s_values']):.2f} s, "
+        "because the builtin engine steps synchronously in the serve loop: an answer reaches "
+        "its episode when the engine step in progress ends. The twin resamples these measured "
+        "answers as its tool time.",
         "",
         f"The twin (h100-7b, {args.steps} steps, the `agentic` batch of 256 prompts x 8 and "
-        "its prompts; `live-calibrated`: the episode model `dynaresize calibrate --episodes` "
+        "its prompts; `live-calibrated`: the episode model `dynaresize calibrate --episodes FILE` "
         "fits to that file; `agentic-turns`: the preset), samples/s and hysteresis's ratio:",
         "",
         "| episodes | GPUs | staleness | static (split) | colocated | hysteresis | "
