@@ -65,6 +65,11 @@ def test_fit_from_a_live_summary_and_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "episodes.json"
     path.write_text(json.dumps({"episode_model": model.to_json()}))
     assert load_episode_model(path) == model
+    measured = episode_model_from_summary({**SUMMARY, "env_s_values": [0.0, 0.3, 6.0]}, 3)
+    tools = measured.draw(64, 8, 0, 0).tool_s
+    assert set(np.unique(tools)) == {0.0, 0.3, 6.0}  # resampled, no log-normal tail
+    path.write_text(json.dumps(measured.to_json()))
+    assert load_episode_model(path) == measured
 
 
 @pytest.mark.parametrize("change,needle", [
@@ -82,6 +87,7 @@ def test_bad_summary_names_the_field(change: dict, needle: str) -> None:
     ({"mean_turns": 2}, "missing field 'max_turns'"),
     ({**AGENTIC_TURNS.to_json(), "turns": 3}, "unknown field 'turns'"),
     ({**AGENTIC_TURNS.to_json(), "keep_kv": 1}, "keep_kv"),
+    ({**AGENTIC_TURNS.to_json(), "tool_s_values": [0.1, "x"]}, "tool_s_values"),
     ({**AGENTIC_TURNS.to_json(), "tool_s_p90": 0.5}, "tool_s_p90")])
 def test_bad_episode_file_names_the_field(tmp_path: Path, data: dict, needle: str) -> None:
     path = tmp_path / "m.json"

@@ -17,7 +17,8 @@ of turn t + 1. The engine model that serves turns is `sim.engine_turns.MultiTurn
   per-prompt probability ~ Beta(2, 3), as the `agentic` preset's responses; capped per turn;
 - observation tokens per turn: log-normal, median `median_observation_tokens`, sigma
   `observation_token_sigma`;
-- tool seconds per turn: log-normal through (`tool_s_p50`, `tool_s_p90`).
+- tool seconds per turn: drawn from `tool_s_values` (a live run's measured environment
+  answers, resampled) when given, else log-normal through (`tool_s_p50`, `tool_s_p90`).
 
 `EpisodeWorkload` puts a model over a preset's batch and prompt lengths: a request's
 `response_tokens` is the episode's whole trajectory after the prompt (every turn's model and
@@ -55,6 +56,8 @@ class EpisodeModel:
     long_model_tokens: float = 0.0
     """> 0: bimodal turns (a long turn with a per-prompt probability ~ Beta(2, 3))."""
     max_turn_tokens: int = 16384
+    tool_s_values: tuple[float, ...] = ()
+    """Measured environment answers (s) to resample; empty: the log-normal."""
     keep_kv: bool = False
     """True: the engine keeps an episode's context between turns (a prefix cache hit: only
     the observation is prefilled); False: every turn prefills its whole context, as the
@@ -72,7 +75,9 @@ class EpisodeModel:
                   ("model_token_sigma", self.model_token_sigma >= 0, ">= 0"),
                   ("observation_token_sigma", self.observation_token_sigma >= 0, ">= 0"),
                   ("long_model_tokens", self.long_model_tokens >= 0, ">= 0"),
-                  ("max_turn_tokens", self.max_turn_tokens >= 1, ">= 1"))
+                  ("max_turn_tokens", self.max_turn_tokens >= 1, ">= 1"),
+                  ("tool_s_values", all(v >= 0 for v in self.tool_s_values),
+                   "a list of seconds >= 0"))
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"episode model: {name} = {getattr(self, name)!r}: must be "
@@ -114,7 +119,9 @@ class EpisodeModel:
             obs = np.rint(self.median_observation_tokens * np.exp(
                 rng.normal(0.0, self.observation_token_sigma, shape))).astype(np.int64)
         tool_s = np.zeros(shape)
-        if self.tool_s_p50 > 0:
+        if self.tool_s_values:
+            tool_s = rng.choice(np.asarray(self.tool_s_values, dtype=float), size=shape)
+        elif self.tool_s_p50 > 0:
             tool_s = self.tool_s_p50 * np.exp(rng.normal(0.0, self.tool_sigma, shape))
         live = np.arange(self.max_turns) < num_turns[..., None]
         model = np.where(live, model, 0)
@@ -123,7 +130,7 @@ class EpisodeModel:
                            np.where(after, tool_s, 0.0))
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "tool_s_values": list(self.tool_s_values)}
 
 
 @dataclass(frozen=True)
@@ -198,8 +205,14 @@ def load_episode_model(path: str | Path) -> EpisodeModel:
                 "median_observation_tokens", "tool_s_p50", "tool_s_p90"):
         if key not in data:
             raise ValueError(f"{path}: missing field {key!r}")
+    values = data.get("tool_s_values", [])
+    if not isinstance(values, list) or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            for v in values):
+        raise ValueError(f"{path}: field 'tool_s_values' = {values!r}: must be a list of "
+                         "seconds")
     for key, value in data.items():
-        if key == "source":
+        if key in ("source", "tool_s_values"):
             continue
         if key == "keep_kv":
             if not isinstance(value, bool):
@@ -208,7 +221,8 @@ def load_episode_model(path: str | Path) -> EpisodeModel:
                 or not math.isfinite(value):
             raise ValueError(f"{path}: field {key!r} = {value!r}: must be a number")
     try:
-        return EpisodeModel(**{**data, "max_turns": int(data["max_turns"]),
+        return EpisodeModel(**{**data, "tool_s_values": tuple(float(v) for v in values),
+                               "max_turns": int(data["max_turns"]),
                                "max_turn_tokens": int(data.get("max_turn_tokens", 16384))})
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
@@ -223,7 +237,8 @@ def episode_model_from_summary(summary: dict[str, Any], max_turns: int | None = 
                                source: str = "summary") -> EpisodeModel:
     """Fit an `EpisodeModel` to a live timing summary: its mean turns, mean tokens per turn
     (a log-normal's median is its mean * exp(-sigma^2 / 2)), tool p50 and p90. `max_turns`
-    defaults to the summary's `max_turns`. ValueError names `source` and the field."""
+    defaults to the summary's `max_turns`; the summary's `env_s_values` (every measured answer),
+    if present, are resampled for the tool time. ValueError names `source` and the field."""
     for key in SUMMARY_KEYS:
         value = summary.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
@@ -238,6 +253,11 @@ def episode_model_from_summary(summary: dict[str, Any], max_turns: int | None = 
     if not 1.0 <= mean_turns <= cap:
         raise ValueError(f"{source}: field 'turns_per_episode' = {mean_turns}: must be in "
                          f"[1, max turns = {cap}]")
+    values = summary.get("env_s_values", [])
+    if not isinstance(values, list) or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
+            for v in values):
+        raise ValueError(f"{source}: field 'env_s_values': must be a list of seconds >= 0")
     sigma = float(summary.get("model_token_sigma", 0.5))
     obs_sigma = float(summary.get("observation_token_sigma", 0.3))
     return EpisodeModel(
@@ -248,7 +268,8 @@ def episode_model_from_summary(summary: dict[str, Any], max_turns: int | None = 
         tool_s_p50=float(summary["env_s_p50"]),
         tool_s_p90=max(float(summary["env_s_p90"]), float(summary["env_s_p50"])),
         model_token_sigma=sigma, observation_token_sigma=obs_sigma,
-        max_turn_tokens=int(summary.get("max_new_tokens", 16384)), source=source)
+        max_turn_tokens=int(summary.get("max_new_tokens", 16384)),
+        tool_s_values=tuple(float(v) for v in values), source=source)
 
 
 AGENTIC_TURNS = EpisodeModel(mean_turns=3.0, max_turns=6, median_model_tokens=300.0,
