@@ -33,6 +33,16 @@ def test_dry_run_text_parses_back(tmp_path: Path) -> None:
     assert load_config(path) == cfg
 
 
+def test_dry_run_text_keeps_control_characters(tmp_path: Path) -> None:
+    """A string with a newline or tab (e.g. `env.template`) is printed escaped, so the
+    printed config is valid TOML and loads back to the same value."""
+    cfg = load_config(None, ['env.template="\\n{text}\\t"', 'env.feedback="say \\"x\\""'])
+    assert cfg.env.template == "\n{text}\t"
+    path = tmp_path / "resolved.toml"
+    path.write_text(to_toml(cfg))
+    assert load_config(path) == cfg
+
+
 @pytest.mark.parametrize(
     ("override", "field", "needle"),
     [

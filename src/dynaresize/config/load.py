@@ -197,8 +197,10 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float) and not math.isfinite(value):
         return toml_repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, str):  # a basic string: backslash, quote and control chars escaped
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return '"' + "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}"
+                             for ch in escaped) + '"'
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
