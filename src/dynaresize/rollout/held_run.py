@@ -46,11 +46,7 @@ class HeldRun(RolloutRun):
         """Next turns' requests: queued behind the others, dispatched at once."""
         if self.finished.is_set():
             raise RuntimeError("HeldRun: a request submitted after the run finished")
-        self.total += len(specs)
-        self.remaining += len(specs)
-        self.queue.extend(specs)
-        self.drained.clear()
-        self._dispatch()
+        self.add_requests(specs)
 
     def close_episode(self) -> None:
         """An episode ended (its environment gave the reward): it holds the run no longer."""

@@ -7,19 +7,15 @@ its tokens (design §2.3), so dispatch is free to be greedy, and a device can le
 in-flight requests are exported (token prefix + sampler state) and requeued at the front, to finish
 on the other engines.
 
-Progress is reported at a bounded granularity: completions reach `on_completions` in batches of at
-least `PROGRESS_FRACTION` (1%) of the requests in flight (dispatched, unfinished), always before
-the run finishes (watchers see progress at most ~1% of a request's duration late); dispatch
-happens at every completion.
+Progress reaches `on_completions` in batches of at least `PROGRESS_FRACTION` (1%) of the requests
+in flight, always before the run finishes; dispatch happens at every completion. A run is built
+complete (`RunSettings`, callbacks, the pool's `Arrivals`) and changed only through its methods.
+Its parts: `slots` (engines, dispatch), `tail_order` (`rollout.tail_policy`'s queue strategy),
+`handoff` (when a pipelined run's engines leave). Moving requests off a live engine (packing a
+handed-off tail, spreading a thin one) is one routine, `_export_and_requeue`.
 
-A run is built complete (`RunSettings`, its callbacks, the engine pool's `Arrivals`) and changed
-only through its methods. Its parts: `slots` (the engines and dispatch), `tail_order` (the queue
-strategy of `rollout.tail_policy`), `handoff` (when a pipelined run's engines leave for the next
-step). Moving requests off a live engine, for packing a handed-off tail or spreading a thin one, is
-one routine, `_export_and_requeue`.
-
-Consumes: RequestSpecs of one step. Waits for: devices' slices. Produces: Completions through
-`on_completions`, and per-device busy intervals. Unblocked by: the last completion.
+Consumes: one step's RequestSpecs. Waits for: device slices. Produces: Completions
+(`on_completions`), busy intervals. Unblocked by: the last completion.
 """
 
 from __future__ import annotations
@@ -57,8 +53,7 @@ class RolloutRun:
         every completion, so a spread never waits long). `may_spread()`: whether tail
         spreading may move requests now. `arrivals` (pipelined runs): the run starts on a few
         engines and gains the rest; until it hands off, no engine gets more than its share,
-        ceil(remaining / expected), and an engine joining while others are coming is dealt
-        its share over them too (`rollout.deal`)."""
+        ceil(remaining / expected), also dealt to one joining early (`rollout.deal`)."""
         self.clock, self.settings, self.version = clock, settings, settings.version
         self.on_completions, self.on_device_lost = on_completions, on_device_lost
         self.tail = TailOrder(clock, len(requests), settings.spread) \
@@ -152,8 +147,9 @@ class RolloutRun:
         self._dispatch()
 
     def add_requests(self, requests: Sequence[Work]) -> None:
-        """More of the step's requests while it runs (dynamic sampling's top-up)."""
+        """More requests, queued behind the others (dynamic sampling's top-up, next turns)."""
         self.queue.extend(requests)
+        self.drained.clear()
         self.total, self.remaining = self.total + len(requests), self.remaining + len(requests)
         self._dispatch()
 
