@@ -29,9 +29,10 @@ BOUND_S = 60.0
 
 
 def config(num_rollout: int, staleness: int, kill: dict[str, Any] | None = None,
-           move: tuple[str, int] | None = None) -> Config:
+           move: tuple[str, int] | None = None, policy: str = "static") -> Config:
     cfg = sim_config(WORKLOAD, num_rollout, NUM_DEVICES - num_rollout, STEPS, staleness, 0,
                      COSTS)
+    cfg.controller.policy = policy
     cfg.faults.kill = [KillEntry(**kill)] if kill else []
     if move is not None:
         cfg.resize.schedule = [ResizeEntry(step=1, at="start", move=move[0],
@@ -98,3 +99,19 @@ def test_a_death_that_empties_a_pool_is_recovered(case: str, staleness: int,
     assert last["num_rollout_devices"] >= 1 and last["num_train_devices"] >= 1
     assert last["num_rollout_devices"] + last["num_train_devices"] == NUM_DEVICES - 1
 
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_under_hysteresis_the_same_deaths_keep_the_records(case: str, staleness: int,
+                                                           tmp_path: Path) -> None:
+    """hysteresis streams training and pipelines rollouts (a tail may hold a rollout device
+    when a pool is refilled); its own moves may have refilled the pool first."""
+    num_rollout, kill, move, _ = CASES[case]
+    reference = tmp_path / "reference"
+    bounded_run(config(num_rollout, staleness, move=move, policy="hysteresis"), reference)
+    out = tmp_path / "faulty"
+    sim = bounded_run(config(num_rollout, staleness, kill, move, "hysteresis"), out)
+    assert sample_view(out) == sample_view(reference)
+    assert sim.summary["num_faults"] == 1
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == list(range(STEPS))

@@ -20,9 +20,11 @@ _SIOCGIFADDR = 0x8915
 
 
 def base_env() -> dict[str, str]:
-    """Environment of every device process, whatever the network."""
+    """Environment of every device process, whatever the network. `MALLOC_ARENA_MAX`: glibc
+    gives each of a Ray worker's ~30 threads an arena (up to 8 per core), and the memory
+    freed in one is not reused by the others (docs/faults.md, memory)."""
     return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false",
-            "OMP_NUM_THREADS": "1"}
+            "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 
 
 def is_loopback(host: str) -> bool:

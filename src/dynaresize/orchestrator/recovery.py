@@ -198,8 +198,9 @@ class Recovery:
         if len(other) < 2 or self.reassign is None:
             raise RuntimeError(f"device deaths {self.lost} left {allocation.describe()}; "
                                "each pool needs at least one device")
-        index = other[-1]
-        await self.reassign(index, empty)
+        busy = self.engines.tail_busy() if empty is Role.TRAIN else set()  # pipelined: a
+        index = next((i for i in reversed(other) if i not in busy), other[-1])  # previous
+        await self.reassign(index, empty)  # step's tail holds it: rather another one
         self.train_state_lost = True
         now = self.clock.now()
         self.records[-1]["reassigned"] = {"device": index, "to": empty.value}
