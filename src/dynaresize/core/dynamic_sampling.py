@@ -44,7 +44,7 @@ class DynamicSampling:
     max_rounds: int
     """Cap: at most this many rounds of B prompts per step."""
     margin: float = 0.0
-    """Dispatch (1 + margin) x B / (1 - f) prompts up front (`initial_for`)."""
+    """Dispatch B x (1 + margin x f) / (1 - f) prompts up front (`initial_for`)."""
 
     def __post_init__(self) -> None:
         if self.groups_per_step <= 0 or self.max_rounds <= 0 or self.margin < 0:
@@ -56,14 +56,15 @@ class DynamicSampling:
         return self.groups_per_step * self.max_rounds
 
     def initial_for(self, filter_rate: float | None) -> int:
-        """Prompts to dispatch up front when a fraction `filter_rate` of groups is expected
-        to have no signal: enough for (1 + margin) x B groups with one, in [B, pool_size]
-        (None: not known yet, B)."""
+        """Prompts to dispatch up front when a fraction `filter_rate` (f) of groups is
+        expected to have no signal: B / (1 - f) for B groups with one, plus `margin` times
+        the expected groups without (B f / (1 - f)), in [B, pool_size] (None: not known
+        yet, B). At f = 0 exactly B: a margin only where groups are filtered."""
         if filter_rate is None:
             return self.groups_per_step
         if filter_rate >= 1.0:
             return self.pool_size
-        need = (1.0 + self.margin) * self.groups_per_step / (1.0 - filter_rate)
+        need = self.groups_per_step * (1.0 + self.margin * filter_rate) / (1.0 - filter_rate)
         return max(self.groups_per_step, min(self.pool_size, math.ceil(need - 1e-9)))
 
 
