@@ -25,6 +25,7 @@ allocation and resize schedule:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -120,6 +121,9 @@ class TopUp:
         self.initial = initial
         self.num_dispatched = initial
         self.signal: dict[int, bool] = {}
+        self._position = {p: i for i, p in enumerate(self.order)}
+        self._signal_at: list[int] = []
+        """Stream positions of the finished groups with a signal, sorted."""
 
     def first(self) -> list[int]:
         """The prompts dispatched up front."""
@@ -136,19 +140,19 @@ class TopUp:
         if prompt in self.signal:
             raise ValueError(f"group {prompt} completed twice")
         self.signal[prompt] = signal
-        if signal or self.num_dispatched >= self._bound():
+        if signal:
+            bisect.insort(self._signal_at, self._position[prompt])
+            return []
+        if self.num_dispatched >= self._bound():
             return []
         self.num_dispatched += 1
         return [self.order[self.num_dispatched - 1]]
 
     def _bound(self) -> int:
         """An upper bound of `batch_size` from the signals known so far."""
-        found = 0
-        for n, p in enumerate(self.order, 1):
-            found += self.signal.get(p, False)
-            if found >= self.num_groups:
-                return max(self.initial, n)
-        return len(self.order)
+        if len(self._signal_at) < self.num_groups:
+            return len(self.order)
+        return max(self.initial, self._signal_at[self.num_groups - 1] + 1)
 
     def batch_size(self) -> int:
         """N (module docstring); once `done`."""
