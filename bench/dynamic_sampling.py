@@ -12,7 +12,8 @@ static's split), same seed:
 - `plain`: GRPO, B prompts a step, no dynamic sampling;
 - `ds f=0`: dynamic sampling on (a stream of 3 x B prompts) but every group has a signal;
 - `ds f=0.3-0.6`: a filter rate drawn per step in [0.3, 0.6] (`FilteredWorkload`): the step
-  dispatches B / (1 - f) prompts up front (f of an ended step) and one more per finished
+  dispatches B (1 + margin f) / (1 - f) prompts up front (f of an ended step; margin 1, and
+  0 and 2 on the first case) and one more per finished
   group without a signal (live top-up), and trains B groups.
 Throughput is trained samples per second (B x 16 a step in every run).
 """
