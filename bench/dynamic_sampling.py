@@ -12,7 +12,8 @@ static's split), same seed:
 - `plain`: GRPO, B prompts a step, no dynamic sampling;
 - `ds f=0`: dynamic sampling on (a stream of 3 x B prompts) but every group has a signal;
 - `ds f=0.3-0.6`: a filter rate drawn per step in [0.3, 0.6] (`FilteredWorkload`): the step
-  dispatches B / (1 - f) prompts up front (f of an ended step) and one more per finished
+  dispatches B (1 + margin f) / (1 - f) prompts up front (f of an ended step; margin 1, and
+  0 and 2 on the first case) and one more per finished
   group without a signal (live top-up), and trains B groups.
 Throughput is trained samples per second (B x 16 a step in every run).
 """
@@ -39,7 +40,7 @@ SAMPLES, MAX_ROUNDS, LOW, HIGH = 16, 3, 0.3, 0.6
 
 
 def workloads(name: str, batch: int, steps: int, sweep: bool) -> dict[str, object]:
-    """The rows of a case; `sweep`: the filtered one also with margins 0 and 1."""
+    """The rows of a case; `sweep`: the filtered one also with margins 0 and 2 (default 1)."""
     pool = get_workload(name, seed=0, prompts_per_step=batch * MAX_ROUNDS,
                         samples_per_prompt=SAMPLES)
     rates = drawn_filter_rates(LOW, HIGH, steps)
@@ -47,7 +48,7 @@ def workloads(name: str, batch: int, steps: int, sweep: bool) -> dict[str, objec
         "plain": get_workload(name, seed=0, prompts_per_step=batch, samples_per_prompt=SAMPLES),
         "ds f=0": FilteredWorkload(pool, batch, MAX_ROUNDS, 0.0),
         f"ds f={LOW}-{HIGH}": FilteredWorkload(pool, batch, MAX_ROUNDS, rates)}
-    for margin in (0.0, 1.0) if sweep else ():
+    for margin in (0.0, 2.0) if sweep else ():
         rows[f"ds f={LOW}-{HIGH} margin {margin:g}"] = FilteredWorkload(
             pool, batch, MAX_ROUNDS, rates, margin=margin)
     return rows

@@ -21,9 +21,9 @@ PLAN = DynamicSampling(groups_per_step=4, max_rounds=3, margin=0.25)
 
 def test_initial_count_follows_the_filter_rate_within_the_stream() -> None:
     assert PLAN.pool_size == 12
-    # 1.25 x 4 / (1 - f): 5, 6.25 -> 7, 10, 50 -> the stream's 12; unknown: B
+    # 4 x (1 + 0.25 f) / (1 - f): 4, 5.25 -> 6, 9, 42.25 -> the stream's 12; unknown: B
     assert [PLAN.initial_for(f) for f in (None, 0.0, 0.2, 0.5, 0.9, 1.0)] == \
-        [4, 5, 7, 10, 12, 12]
+        [4, 4, 6, 9, 12, 12]
     assert [DynamicSampling(4, 3).initial_for(f) for f in (0.0, 0.3, 0.5)] == [4, 6, 8]
 
 

@@ -62,8 +62,8 @@ class DynamicSamplingConfig:
                          "is known to be kept).", default=False)
     max_rounds: int = _doc("Cap: the step's stream holds max_rounds x task.prompts_per_step "
                            "prompts.", default=3)
-    margin: float = _doc("Prompts dispatched up front: (1 + margin) x B / (1 - f), f the "
+    margin: float = _doc("Prompts dispatched up front: B x (1 + margin x f) / (1 - f), f the "
                          "filter rate of the newest step that ended before this one started "
                          "(B before there is one), within [B, the stream]; the top-up "
                          "dispatches the rest as groups finish (a shortfall costs one more "
-                         "group's latency: docs/results.md#twin-dynamic).", default=0.5)
+                         "group's latency: docs/results.md#twin-dynamic).", default=1.0)

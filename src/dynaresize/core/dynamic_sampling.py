@@ -25,6 +25,7 @@ allocation and resize schedule:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ class DynamicSampling:
     max_rounds: int
     """Cap: at most this many rounds of B prompts per step."""
     margin: float = 0.0
-    """Dispatch (1 + margin) x B / (1 - f) prompts up front (`initial_for`)."""
+    """Dispatch B x (1 + margin x f) / (1 - f) prompts up front (`initial_for`)."""
 
     def __post_init__(self) -> None:
         if self.groups_per_step <= 0 or self.max_rounds <= 0 or self.margin < 0:
@@ -56,14 +57,15 @@ class DynamicSampling:
         return self.groups_per_step * self.max_rounds
 
     def initial_for(self, filter_rate: float | None) -> int:
-        """Prompts to dispatch up front when a fraction `filter_rate` of groups is expected
-        to have no signal: enough for (1 + margin) x B groups with one, in [B, pool_size]
-        (None: not known yet, B)."""
+        """Prompts to dispatch up front when a fraction `filter_rate` (f) of groups is
+        expected to have no signal: B / (1 - f) for B groups with one, plus `margin` times
+        the expected groups without (B f / (1 - f)), in [B, pool_size] (None: not known
+        yet, B). At f = 0 exactly B: a margin only where groups are filtered."""
         if filter_rate is None:
             return self.groups_per_step
         if filter_rate >= 1.0:
             return self.pool_size
-        need = (1.0 + self.margin) * self.groups_per_step / (1.0 - filter_rate)
+        need = self.groups_per_step * (1.0 + self.margin * filter_rate) / (1.0 - filter_rate)
         return max(self.groups_per_step, min(self.pool_size, math.ceil(need - 1e-9)))
 
 
@@ -119,6 +121,9 @@ class TopUp:
         self.initial = initial
         self.num_dispatched = initial
         self.signal: dict[int, bool] = {}
+        self._position = {p: i for i, p in enumerate(self.order)}
+        self._signal_at: list[int] = []
+        """Stream positions of the finished groups with a signal, sorted."""
 
     def first(self) -> list[int]:
         """The prompts dispatched up front."""
@@ -135,19 +140,19 @@ class TopUp:
         if prompt in self.signal:
             raise ValueError(f"group {prompt} completed twice")
         self.signal[prompt] = signal
-        if signal or self.num_dispatched >= self._bound():
+        if signal:
+            bisect.insort(self._signal_at, self._position[prompt])
+            return []
+        if self.num_dispatched >= self._bound():
             return []
         self.num_dispatched += 1
         return [self.order[self.num_dispatched - 1]]
 
     def _bound(self) -> int:
         """An upper bound of `batch_size` from the signals known so far."""
-        found = 0
-        for n, p in enumerate(self.order, 1):
-            found += self.signal.get(p, False)
-            if found >= self.num_groups:
-                return max(self.initial, n)
-        return len(self.order)
+        if len(self._signal_at) < self.num_groups:
+            return len(self.order)
+        return max(self.initial, self._signal_at[self.num_groups - 1] + 1)
 
     def batch_size(self) -> int:
         """N (module docstring); once `done`."""

@@ -82,7 +82,7 @@ class StepSubset(Workload):
         self.max_response_tokens = workload.max_response_tokens
         self.num_steps = len(steps)
         self.max_rounds = getattr(workload, "max_rounds", 0)
-        self.margin = getattr(workload, "margin", 0.5)
+        self.margin = getattr(workload, "margin", 1.0)
         self.episode_model = getattr(workload, "episode_model", None)
 
     def step_requests(self, step: int) -> StepRequests:

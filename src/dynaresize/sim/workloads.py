@@ -204,7 +204,7 @@ class FilteredWorkload(Workload):
 
     def __init__(self, inner: Workload, batch_prompts: int, max_rounds: int,
                  filter_rates: float | tuple[float, ...], seed: int = 0,
-                 margin: float = 0.5) -> None:
+                 margin: float = 1.0) -> None:
         if inner.prompts_per_step != batch_prompts * max_rounds:
             raise ValueError(f"the pool workload has {inner.prompts_per_step} prompts per "
                              f"step, expected {batch_prompts} x {max_rounds}")
