@@ -283,7 +283,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "(default: searched; with --from-run: the run's)")
     sim.add_argument("--policy", metavar="P,...", help=_policy_help())
     sim.add_argument("--steps", type=int, help="RL steps (default 50, or the trace's)")
-    sim.add_argument("--staleness", type=int, help="0 on-policy, 1 one-step-off (default 1)")
+    sim.add_argument("--staleness", type=int,
+                     help="k: step t samples from version t-k (0 on-policy, 1 one-step-off, up "
+                          "to 8; default 1)")
     sim.add_argument("--seed", type=int, default=0, help="workload seed")
     sim.add_argument("--requests-per-step", type=int, help="rescale a preset's batch")
     sim.add_argument("--cost-model", default="h100-7b",
