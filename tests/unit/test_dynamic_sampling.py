@@ -10,11 +10,14 @@ from dynaresize.core.dynamic_sampling import (
     DynamicSampling,
     KeepTracker,
     TopUp,
+    assemble_dynamic,
     filter_rate,
+    filter_rates_of,
     has_signal,
     rate_step,
     select_groups,
 )
+from dynaresize.core.types import Completion, RequestSpec
 
 PLAN = DynamicSampling(groups_per_step=4, max_rounds=3, margin=0.25)
 
@@ -147,3 +150,20 @@ def test_top_up_dispatches_one_prompt_per_group_without_a_signal() -> None:
     unfinished = TopUp(order, 2, 2)
     with pytest.raises(ValueError, match="unfinished"):
         unfinished.batch_size()
+
+
+def test_filter_rates_from_records_equal_the_rates_the_steps_measured() -> None:
+    """A resumed run plans from the rates its samples.jsonl shows (`filter_rates_of`): they
+    must be those `assemble_dynamic` returned when the steps ran."""
+    rng = random.Random(3)
+    records, measured = [], {}
+    for step in range(3):
+        order = [4, 1, 0, 3, 2]
+        rewards = {(p, j): float(rng.random() < 0.3) for p in order for j in range(4)}
+        done = [Completion(RequestSpec(step, p, j, 0, (1,), 2, 0), [5], [0.0], "eos", 0, 0)
+                for p in order for j in range(4)]
+        got, measured[step] = assemble_dynamic(step, 0, order, done, rewards, 4, 2, 1.0)
+        records += list(got.records)
+    records.append({"step": 3, "prompt": 0, "sample": 0, "reward": 1.0})  # not dynamic
+    assert filter_rates_of(records) == measured
+    assert len(set(measured.values())) > 1

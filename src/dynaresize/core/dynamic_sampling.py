@@ -88,6 +88,19 @@ def filter_rate(groups: Mapping[int, Sequence[float]]) -> float:
     return sum(1 for r in groups.values() if not has_signal(r)) / len(groups)
 
 
+def filter_rates_of(records: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """step -> filter rate, from a run's sample records (samples.jsonl): the records of a
+    dynamic-sampling step are every group of its batch, kept or not (`assemble_dynamic`), so
+    this is the rate that step measured. A resumed run plans its first steps' up-front counts
+    from these, as the uninterrupted run did. Steps without `kept` records are left out."""
+    groups: dict[int, dict[int, list[float]]] = {}
+    for r in records:
+        if "kept" in r:
+            groups.setdefault(int(r["step"]), {}).setdefault(int(r["prompt"]), []).append(
+                float(r["reward"]))
+    return {step: filter_rate(by_prompt) for step, by_prompt in groups.items()}
+
+
 def select_groups(order: Sequence[int], groups: Mapping[int, Sequence[float]],
                   num_groups: int) -> tuple[list[int], list[int]]:
     """(kept, dropped) prompt ids, each in `order` (the seeded pool order): the first

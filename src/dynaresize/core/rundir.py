@@ -38,6 +38,8 @@ class RunDir:
         self.metrics: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.num_samples = 0
+        self.resumed_samples: list[dict[str, Any]] = []
+        """On resume, the sample records kept (steps < K): what later steps may plan from."""
         self.t_offset_s = 0.0
         self.node_of: dict[int, str] = {}
         """Device index → Ray node id: events carry their device's `node` (`place`)."""
@@ -84,7 +86,7 @@ class RunDir:
             if name == "metrics":
                 self.metrics = kept
             elif name == "samples":
-                self.num_samples = len(kept)
+                self.num_samples, self.resumed_samples = len(kept), kept
             else:
                 self.t_offset_s = max((e["t_end"] for e in kept), default=0.0)
 

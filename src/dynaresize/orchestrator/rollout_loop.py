@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Callable
 
 from dynaresize.control.base import Controller
-from dynaresize.core.dynamic_sampling import rate_step
+from dynaresize.core.dynamic_sampling import filter_rates_of, rate_step
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.episodes import EpisodeTotals
@@ -62,8 +62,10 @@ class RolloutLoop:
         self.num_migrated = 0
         """Requests moved to another engine by tail packing and spreading
         (`RunSettings.pack_batch`, `RunSettings.spread`)."""
-        self.filter_rates: dict[int, float] = {}
-        """Dynamic sampling: step -> its filter rate (plans later steps' rounds)."""
+        self.filter_rates: dict[int, float] = filter_rates_of(parts.rundir.resumed_samples) \
+            if settings.dynamic is not None else {}
+        """Dynamic sampling: step -> its filter rate (plans later steps' up-front counts); a
+        resumed run starts from the rates its records show."""
         self.episode_totals = EpisodeTotals()
         """`[env]`: the run's episode figures (summary.json)."""
 
