@@ -28,11 +28,14 @@ import argparse
 import asyncio
 import json
 import math
-import re
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policies import write_block  # noqa: E402  (bench/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data" / "agentic_timing.json"
@@ -243,14 +246,6 @@ def report(data: dict[str, Any], rows: list[dict[str, Any]], args: argparse.Name
     return "\n".join(lines)
 
 
-def write_block(text: str) -> None:
-    doc = DOC.read_text()
-    if START not in doc or END not in doc:
-        doc = doc.rstrip("\n") + f"\n\n{START}\n{END}\n"
-    DOC.write_text(re.sub(re.escape(START) + ".*?" + re.escape(END),
-                          lambda _: f"{START}\n{text}\n{END}", doc, flags=re.S))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=16)
@@ -280,7 +275,7 @@ def main() -> None:
     text = report(data, twin(data["summary"], args), args)
     print(text)
     if not args.no_write:
-        write_block(text)
+        write_block(START, END, text, DOC)
 
 
 if __name__ == "__main__":

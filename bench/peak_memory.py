@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,21 +21,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from dynaresize.app.driver_kill import proc_stats
+
 GIB = 2**30
 
 
 def children_map() -> dict[int, list[int]]:
     """parent pid -> child pids, from /proc/*/stat."""
     out: dict[int, list[int]] = defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        out[ppid].append(int(entry))
+    for pid, fields in proc_stats():
+        out[int(fields[1])].append(pid)
     return out
 
 

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,9 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
                                 start_new_session=True)
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live processes (not zombies) of session `sid`, from /proc."""
-    pids = []
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name: state, ppid, pgrp, session,
+    ...) of every process alive now."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -49,10 +50,12 @@ def session_pids(sid: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
-            pids.append(int(entry))
-    return pids
+        yield int(entry), stat.rsplit(")", 1)[1].split()
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes (not zombies) of session `sid`, from /proc."""
+    return [pid for pid, fields in proc_stats() if fields[0] != "Z" and int(fields[3]) == sid]
 
 
 def num_lines(file: Path) -> int:
