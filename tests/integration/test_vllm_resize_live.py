@@ -71,3 +71,31 @@ def test_the_twin_calibrates_from_a_vllm_run(static_run: Path) -> None:
     assert all(math.isfinite(v) and v >= 0 for v in fit["fitted"].values())
     assert fit["fitted"]["iteration_overhead_s"] + fit["fitted"]["decode_s_per_request_iter"] > 0
     cost_model_from_fit(fit["fitted"])
+
+
+def episode_view(path: Path) -> dict[tuple[int, int, int], Any]:
+    """(step, prompt, sample) → the episode without its devices: version, every turn's token
+    count, hash and version, and the observations; each episode once."""
+    records = read_jsonl(path / "samples.jsonl")
+    view = {(r["step"], r["prompt"], r["sample"]): (
+        r["version"], r["tokens_sha256"], r["reward"],
+        [(t["tokens"], t["tokens_sha256"], t["version"]) for t in r["turns"]],
+        r["observations"]) for r in records}
+    assert len(view) == len(records), "an episode was recorded twice"
+    return view
+
+
+def test_episodes_on_vllm_with_resizes_write_the_static_records(
+        device_pool: Any, tmp_path: Path) -> None:
+    """`[env]` turns on the vLLM engine: a turn is an ordinary request of the step's run, so
+    the forced schedule (turns migrated between vLLM engines mid-rollout) writes the static
+    run's episodes, and the environment answers each turn once."""
+    env = ("env.name='retry'", "env.max_turns=2")
+    static = run(device_pool, tmp_path / "static", "controller.policy='static'", *env)
+    moved = run(device_pool, tmp_path / "moved", SCHEDULE, *env)
+    assert moved["num_resizes"] == 4
+    view = episode_view(tmp_path / "static")
+    assert episode_view(tmp_path / "moved") == view
+    assert any(len(turns) == 2 for _, _, _, turns, _ in view.values())
+    assert static["env_max_calls_per_turn"] == moved["env_max_calls_per_turn"] == 1
+    assert max_param_diff(tmp_path / "moved", tmp_path / "static") < 1e-2
