@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -144,8 +145,18 @@ class ExactReducer:
         loss_sum, stats = micro_batch_loss(self.replica, self.reference, micro_batch,
                                            self.spec, self.device)
         loss_sum.backward()
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self._params]).to(torch.float32)
+        # flattened parameter by parameter, each grad freed once copied: the [P] vector and
+        # the replica's grads are not both whole at once (the same values as a torch.cat)
+        flat = torch.empty(self.num_params, dtype=torch.float32, device=self.device)
+        offset = 0
+        for p in self._params:
+            part = flat[offset:offset + p.numel()]
+            offset += p.numel()
+            if p.grad is None:
+                part.zero_()
+            else:
+                part.copy_(p.grad.reshape(-1))
+                p.grad = None
         self.replica.zero_grad(set_to_none=True)
         flat[flat == 0] = 0.0  # -0.0 -> +0.0: a sum with other ranks' zeros would flip it
         return flat, stats
@@ -178,14 +189,19 @@ class ExactReducer:
 
     # ------------------------------------------------------------------ collective
     def combine(self, step: int, num_micro_batches: int, optimizer_step: int,
-                num_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                num_tokens: int | None = None,
+                check_stats: Callable[[torch.Tensor], None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Collective: (sum of the held g_m [P] fp32, summed stats float64 [NUM_STATS]), in index
         order and identical on every rank; ValueError on every rank if a micro-batch is held
         by several ranks, holdings are of another step, or an index is held by no rank --
         unless `num_tokens` is given and the held micro-batches hold exactly that many
         response tokens: then the indices held by none are empty slots (the balanced plan's
         sparse indices, `balance.slot_index`) and are skipped (adding only the rows that
-        exist, in index order, gives the bits a dense numbering of them would)."""
+        exist, in index order, gives the bits a dense numbering of them would).
+        `check_stats(summed stats)` may raise too, on every rank alike, before any gradient is
+        touched. Past the checks the held gradients are CONSUMED (their tensors become the
+        all-reduce buffers and the sum, not copied): the holdings are empty afterwards."""
         m_count, held = num_micro_batches, self.held
         flags = torch.zeros(m_count + 4, dtype=torch.int64, device=self.device)
         if held is not None:
@@ -204,28 +220,42 @@ class ExactReducer:
         for m in held.grads if held is not None else ():
             stats[row_of[m]] = held.stats[m]
         dist.all_reduce(stats, group=self.group)
-        return self._combine_grads(rows), ordered_sum(stats)
+        total_stats = ordered_sum(stats)
+        if check_stats is not None:
+            check_stats(total_stats)
+        return self._combine_grads(rows), total_stats
 
     def _combine_grads(self, rows: list[int]) -> torch.Tensor:
         """g_rows[0] + g_rows[1] + ... in index order, all-reduced in blocks of at most
         `COMBINE_BUDGET_BYTES` (one row at least): the same adds in the same order as one
-        [M, P] buffer (bitwise), in a bounded buffer whatever the number of micro-batches."""
+        [M, P] buffer (bitwise), in a bounded buffer whatever the number of micro-batches.
+        Consumes the holdings: a held row is taken out of them as it is added (a one-row block
+        all-reduces the held tensor itself, and the first row becomes the sum), so the held
+        gradients are not copied and their memory goes as the sum proceeds."""
         block = max(1, COMBINE_BUDGET_BYTES // (4 * self.num_params))
         held = self.held.grads if self.held is not None else {}
         total: torch.Tensor | None = None
         for start in range(0, len(rows), block):
             part = rows[start:start + block]
-            grads = torch.zeros(len(part), self.num_params, dtype=torch.float32,
-                                device=self.device)
-            for i, m in enumerate(part):
-                if m in held:
-                    grads[i] = held[m]
+            if len(part) == 1:  # the row itself is the buffer: x + 0 + ... + 0 == x
+                grads = held.pop(part[0], None)
+                if grads is None:
+                    grads = torch.zeros(self.num_params, dtype=torch.float32,
+                                        device=self.device)
+                grads = grads.unsqueeze(0)
+            else:
+                grads = torch.zeros(len(part), self.num_params, dtype=torch.float32,
+                                    device=self.device)
+                for i, m in enumerate(part):
+                    if m in held:
+                        grads[i] = held.pop(m)
             dist.all_reduce(grads, group=self.group)  # one non-zero addend per element
             for row in grads:
                 if total is None:
-                    total = row.clone()
+                    total = row.clone() if len(part) > 1 else row
                 else:
                     total += row
+            del grads, row  # a buffer goes before the next one is made
         assert total is not None
         return total
 
@@ -254,21 +284,23 @@ class ExactReducer:
                              + " (holdings are left as they were)")
 
     def write_grads(self, grad: torch.Tensor) -> None:
-        """Local: each sharded parameter's grad = this rank's dim-0 rows of the full `grad`."""
+        """Local: each sharded parameter's grad = this rank's dim-0 rows of the full `grad`, as
+        views of it (no copy: `grad` stays alive until the grads are set to None)."""
         offset = 0
         with torch.no_grad():
             for name, param in self._sharded:
                 full = grad[offset:offset + param.numel()].view(param.shape)
                 offset += param.numel()
                 if not isinstance(param, DTensor):
-                    param.grad = full.clone()
+                    param.grad = full
                     continue
                 mesh = param.device_mesh
                 start, stop = shard_rows(param.shape[0], mesh.size(), mesh.get_local_rank())
-                param.grad = torch.zeros_like(param)
-                local = param.grad.to_local()
+                local = param.to_local()
                 assert local.shape[0] == stop - start, f"{name}: unexpected shard rows"
-                local.copy_(full[start:stop])
+                param.grad = DTensor.from_local(full[start:stop], mesh, param.placements,
+                                                run_check=False, shape=param.shape,
+                                                stride=param.stride())
 
     def sync(self) -> None:
         """Collective: the replica's parameters <- the full current (sharded) parameters."""
