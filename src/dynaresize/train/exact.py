@@ -22,12 +22,15 @@ parameters and AdamW state (dim-0 shards, what resharding and checkpoints use), 
    and default kernels) an element's result does not depend on where it sits in its tensor
    (vectorised body or scalar tail), so any dim-0 sharding updates bitwise like the full
    tensor; tests/unit/test_exact_adamw.py checks that on the machine running the tests.
-4. `sync` (COLLECTIVE): the replica's parameters are re-gathered from the new shards (exact).
+4. `sync` (COLLECTIVE): the replica's parameters are re-gathered from the new shards (exact);
+   on a group of one rank the replica's parameters share the shards' storage instead (no copy).
 
-Cost: every rank holds the full parameters (replica; the KL reference too when kl_coef > 0,
-unsharded), its own micro-batches' gradients (fp32, [P] each, until the step's combine) and,
-during `combine`, an fp32 buffer of at most `COMBINE_BUDGET_BYTES` (whole rows, one at least)
-plus the [P] sum: meant for small models (CPU).
+Cost: every rank holds the full parameters (replica, on one rank the shards themselves; the
+KL reference too when kl_coef > 0, unsharded) and its own micro-batches' gradients (fp32, [P]
+each, until the step's combine). The combine consumes them: a one-row block all-reduces the
+held row itself and the first row becomes the [P] sum, which the grads are views of; blocks of
+several rows (small models) take a buffer of at most `COMBINE_BUDGET_BYTES`. Meant for small
+models (CPU).
 """
 
 from __future__ import annotations
@@ -101,9 +104,14 @@ class ExactReducer:
         self.num_params = sum(p.numel() for p in self._params)
         self.layout = hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in named]).encode()
                                      ).hexdigest()[:16]
+        self.shared = dist.get_world_size(group) == 1
+        """One rank: the replica's parameters ARE the shards (each shard the whole tensor), not
+        a second copy; `sync` re-points them instead of copying."""
         self.fresh = True
         """The replica holds the shards' current values (False after outside writes)."""
         self.held: HeldGradients | None = None
+        if self.shared:
+            self.sync()
 
     # ------------------------------------------------------------------ local
     def accumulate(self, step: int, items: list[tuple[int, MicroBatch]],
@@ -306,7 +314,12 @@ class ExactReducer:
         """Collective: the replica's parameters <- the full current (sharded) parameters."""
         with torch.no_grad():
             for (_, param), mine in zip(self._sharded, self._params, strict=True):
-                mine.copy_(param.full_tensor() if isinstance(param, DTensor) else param)
+                if self.shared:  # the same storage: the replica reads what AdamW wrote
+                    local = param.to_local() if isinstance(param, DTensor) else param
+                    assert local.shape == mine.shape, "one rank's shard is the whole tensor"
+                    mine.data = local.detach()
+                else:
+                    mine.copy_(param.full_tensor() if isinstance(param, DTensor) else param)
         self.fresh = True
 
 
