@@ -27,7 +27,8 @@ def test_blocked_combine_is_bitwise_one_buffer(group: object, budget_rows: int,
     num_params, rows = 1000, [0, 2, 3, 5, 6, 9, 11]
     gen = torch.Generator().manual_seed(5)
     grads = {m: torch.randn(num_params, generator=gen) * 10 ** (m % 4) for m in rows}
-    held = SimpleNamespace(grads={m: g for m, g in grads.items() if m != 5})  # 5: elsewhere
+    # 5: held elsewhere; clones, since the combine consumes the held tensors
+    held = SimpleNamespace(grads={m: g.clone() for m, g in grads.items() if m != 5})
     reducer = SimpleNamespace(held=held, num_params=num_params, device=torch.device("cpu"),
                               group=group)
     monkeypatch.setattr(exact, "COMBINE_BUDGET_BYTES", budget_rows * 4 * num_params)
@@ -35,3 +36,4 @@ def test_blocked_combine_is_bitwise_one_buffer(group: object, budget_rows: int,
     expect = exact.ordered_sum(torch.stack([grads[m] if m != 5 else torch.zeros(num_params)
                                             for m in rows]))
     assert torch.equal(got, expect)
+    assert held.grads == {}  # consumed: no held gradient outlives the combine

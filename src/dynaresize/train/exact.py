@@ -22,18 +22,22 @@ parameters and AdamW state (dim-0 shards, what resharding and checkpoints use), 
    and default kernels) an element's result does not depend on where it sits in its tensor
    (vectorised body or scalar tail), so any dim-0 sharding updates bitwise like the full
    tensor; tests/unit/test_exact_adamw.py checks that on the machine running the tests.
-4. `sync` (COLLECTIVE): the replica's parameters are re-gathered from the new shards (exact).
+4. `sync` (COLLECTIVE): the replica's parameters are re-gathered from the new shards (exact);
+   on a group of one rank the replica's parameters share the shards' storage instead (no copy).
 
-Cost: every rank holds the full parameters (replica; the KL reference too when kl_coef > 0,
-unsharded), its own micro-batches' gradients (fp32, [P] each, until the step's combine) and,
-during `combine`, an fp32 buffer of at most `COMBINE_BUDGET_BYTES` (whole rows, one at least)
-plus the [P] sum: meant for small models (CPU).
+Cost: every rank holds the full parameters (replica, on one rank the shards themselves; the
+KL reference too when kl_coef > 0, unsharded) and its own micro-batches' gradients (fp32, [P]
+each, until the step's combine). The combine consumes them: a one-row block all-reduces the
+held row itself and the first row becomes the [P] sum, which the grads are views of; blocks of
+several rows (small models) take a buffer of at most `COMBINE_BUDGET_BYTES`. Meant for small
+models (CPU).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -100,9 +104,14 @@ class ExactReducer:
         self.num_params = sum(p.numel() for p in self._params)
         self.layout = hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in named]).encode()
                                      ).hexdigest()[:16]
+        self.shared = dist.get_world_size(group) == 1
+        """One rank: the replica's parameters ARE the shards (each shard the whole tensor), not
+        a second copy; `sync` re-points them instead of copying."""
         self.fresh = True
         """The replica holds the shards' current values (False after outside writes)."""
         self.held: HeldGradients | None = None
+        if self.shared:
+            self.sync()
 
     # ------------------------------------------------------------------ local
     def accumulate(self, step: int, items: list[tuple[int, MicroBatch]],
@@ -144,8 +153,18 @@ class ExactReducer:
         loss_sum, stats = micro_batch_loss(self.replica, self.reference, micro_batch,
                                            self.spec, self.device)
         loss_sum.backward()
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self._params]).to(torch.float32)
+        # flattened parameter by parameter, each grad freed once copied: the [P] vector and
+        # the replica's grads are not both whole at once (the same values as a torch.cat)
+        flat = torch.empty(self.num_params, dtype=torch.float32, device=self.device)
+        offset = 0
+        for p in self._params:
+            part = flat[offset:offset + p.numel()]
+            offset += p.numel()
+            if p.grad is None:
+                part.zero_()
+            else:
+                part.copy_(p.grad.reshape(-1))
+                p.grad = None
         self.replica.zero_grad(set_to_none=True)
         flat[flat == 0] = 0.0  # -0.0 -> +0.0: a sum with other ranks' zeros would flip it
         return flat, stats
@@ -178,14 +197,19 @@ class ExactReducer:
 
     # ------------------------------------------------------------------ collective
     def combine(self, step: int, num_micro_batches: int, optimizer_step: int,
-                num_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                num_tokens: int | None = None,
+                check_stats: Callable[[torch.Tensor], None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Collective: (sum of the held g_m [P] fp32, summed stats float64 [NUM_STATS]), in index
         order and identical on every rank; ValueError on every rank if a micro-batch is held
         by several ranks, holdings are of another step, or an index is held by no rank --
         unless `num_tokens` is given and the held micro-batches hold exactly that many
         response tokens: then the indices held by none are empty slots (the balanced plan's
         sparse indices, `balance.slot_index`) and are skipped (adding only the rows that
-        exist, in index order, gives the bits a dense numbering of them would)."""
+        exist, in index order, gives the bits a dense numbering of them would).
+        `check_stats(summed stats)` may raise too, on every rank alike, before any gradient is
+        touched. Past the checks the held gradients are CONSUMED (their tensors become the
+        all-reduce buffers and the sum, not copied): the holdings are empty afterwards."""
         m_count, held = num_micro_batches, self.held
         flags = torch.zeros(m_count + 4, dtype=torch.int64, device=self.device)
         if held is not None:
@@ -204,28 +228,42 @@ class ExactReducer:
         for m in held.grads if held is not None else ():
             stats[row_of[m]] = held.stats[m]
         dist.all_reduce(stats, group=self.group)
-        return self._combine_grads(rows), ordered_sum(stats)
+        total_stats = ordered_sum(stats)
+        if check_stats is not None:
+            check_stats(total_stats)
+        return self._combine_grads(rows), total_stats
 
     def _combine_grads(self, rows: list[int]) -> torch.Tensor:
         """g_rows[0] + g_rows[1] + ... in index order, all-reduced in blocks of at most
         `COMBINE_BUDGET_BYTES` (one row at least): the same adds in the same order as one
-        [M, P] buffer (bitwise), in a bounded buffer whatever the number of micro-batches."""
+        [M, P] buffer (bitwise), in a bounded buffer whatever the number of micro-batches.
+        Consumes the holdings: a held row is taken out of them as it is added (a one-row block
+        all-reduces the held tensor itself, and the first row becomes the sum), so the held
+        gradients are not copied and their memory goes as the sum proceeds."""
         block = max(1, COMBINE_BUDGET_BYTES // (4 * self.num_params))
         held = self.held.grads if self.held is not None else {}
         total: torch.Tensor | None = None
         for start in range(0, len(rows), block):
             part = rows[start:start + block]
-            grads = torch.zeros(len(part), self.num_params, dtype=torch.float32,
-                                device=self.device)
-            for i, m in enumerate(part):
-                if m in held:
-                    grads[i] = held[m]
+            if len(part) == 1:  # the row itself is the buffer: x + 0 + ... + 0 == x
+                grads = held.pop(part[0], None)
+                if grads is None:
+                    grads = torch.zeros(self.num_params, dtype=torch.float32,
+                                        device=self.device)
+                grads = grads.unsqueeze(0)
+            else:
+                grads = torch.zeros(len(part), self.num_params, dtype=torch.float32,
+                                    device=self.device)
+                for i, m in enumerate(part):
+                    if m in held:
+                        grads[i] = held.pop(m)
             dist.all_reduce(grads, group=self.group)  # one non-zero addend per element
             for row in grads:
                 if total is None:
-                    total = row.clone()
+                    total = row.clone() if len(part) > 1 else row
                 else:
                     total += row
+            del grads, row  # a buffer goes before the next one is made
         assert total is not None
         return total
 
@@ -254,27 +292,34 @@ class ExactReducer:
                              + " (holdings are left as they were)")
 
     def write_grads(self, grad: torch.Tensor) -> None:
-        """Local: each sharded parameter's grad = this rank's dim-0 rows of the full `grad`."""
+        """Local: each sharded parameter's grad = this rank's dim-0 rows of the full `grad`, as
+        views of it (no copy: `grad` stays alive until the grads are set to None)."""
         offset = 0
         with torch.no_grad():
             for name, param in self._sharded:
                 full = grad[offset:offset + param.numel()].view(param.shape)
                 offset += param.numel()
                 if not isinstance(param, DTensor):
-                    param.grad = full.clone()
+                    param.grad = full
                     continue
                 mesh = param.device_mesh
                 start, stop = shard_rows(param.shape[0], mesh.size(), mesh.get_local_rank())
-                param.grad = torch.zeros_like(param)
-                local = param.grad.to_local()
+                local = param.to_local()
                 assert local.shape[0] == stop - start, f"{name}: unexpected shard rows"
-                local.copy_(full[start:stop])
+                param.grad = DTensor.from_local(full[start:stop], mesh, param.placements,
+                                                run_check=False, shape=param.shape,
+                                                stride=param.stride())
 
     def sync(self) -> None:
         """Collective: the replica's parameters <- the full current (sharded) parameters."""
         with torch.no_grad():
             for (_, param), mine in zip(self._sharded, self._params, strict=True):
-                mine.copy_(param.full_tensor() if isinstance(param, DTensor) else param)
+                if self.shared:  # the same storage: the replica reads what AdamW wrote
+                    local = param.to_local() if isinstance(param, DTensor) else param
+                    assert local.shape == mine.shape, "one rank's shard is the whole tensor"
+                    mine.data = local.detach()
+                else:
+                    mine.copy_(param.full_tensor() if isinstance(param, DTensor) else param)
         self.fresh = True
 
 

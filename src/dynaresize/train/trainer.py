@@ -253,8 +253,8 @@ class FSDPTrainer(ShardedState):
                              f"({global_num_tokens}) must be > 0")
         t0 = time.perf_counter()
         grad, stats = exact.combine(step, num_micro_batches, self.optimizer_step_count(),
-                                    global_num_tokens)
-        self._check_tokens(stats, global_num_tokens)
+                                    global_num_tokens,
+                                    lambda s: self._check_tokens(s, global_num_tokens))
         grad_norm = scale_and_clip_(grad, loss_denominator(stats, self.spec),
                                     self.config.max_grad_norm)
         exact.write_grads(grad)
