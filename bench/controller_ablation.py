@@ -68,8 +68,8 @@ RULES: dict[str, list[tuple[str, str, str]]] = {  # name: [(file, old, new)]
 def worker(cases: list[str], splits: dict[str, int]) -> None:
     """In the (patched) subprocess: hysteresis on each case from its split; prints JSON."""
     from dynaresize.sim.costs import get_cost_model
+    from dynaresize.sim.resolve import resolve_workload
     from dynaresize.sim.run import run_policy
-    from dynaresize.sim.workloads import resolve_workload
 
     out = {}
     for name in cases:
@@ -83,8 +83,8 @@ def worker(cases: list[str], splits: dict[str, int]) -> None:
 
 def best_splits(cases: list[str]) -> dict[str, int]:
     from dynaresize.sim.costs import get_cost_model
+    from dynaresize.sim.resolve import resolve_workload
     from dynaresize.sim.run import search_split
-    from dynaresize.sim.workloads import resolve_workload
 
     out = {}
     for name in cases:

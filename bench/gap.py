@@ -44,8 +44,8 @@ from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.oracle import oracle_steps
+from dynaresize.sim.resolve import resolve_workload
 from dynaresize.sim.run import search_split
-from dynaresize.sim.workloads import resolve_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policies import write_block  # noqa: E402  (bench/ is not a package)

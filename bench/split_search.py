@@ -27,8 +27,9 @@ import numpy as np
 from dynaresize.sim.costs import CostModel, get_cost_model
 from dynaresize.sim.harness import StepSubset
 from dynaresize.sim.probes import Analytic
+from dynaresize.sim.resolve import resolve_workload
 from dynaresize.sim.run import run_policy, run_static, search_split
-from dynaresize.sim.workloads import Workload, resolve_workload
+from dynaresize.sim.workloads import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policies import BIG_REQUEST_STEPS, write_block  # noqa: E402  (bench/ is not a package)

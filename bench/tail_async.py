@@ -30,9 +30,9 @@ from dynaresize.control.registry import POLICIES as CONTROLLERS
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.oracle import oracle_steps, spec_alone_s, work_samples_per_s
+from dynaresize.sim.resolve import resolve_workload
 from dynaresize.sim.run import simulate
 from dynaresize.sim.speculation import resolve_speculation
-from dynaresize.sim.workloads import resolve_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import acceptance  # noqa: E402  (bench/ is not a package)

@@ -8,7 +8,7 @@ import pytest
 from dynaresize.control.registry import POLICIES
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
-from dynaresize.sim.workloads import resolve_workload
+from dynaresize.sim.resolve import resolve_workload
 
 
 @pytest.mark.parametrize("workload,requests,good", [

@@ -9,8 +9,8 @@ from dynaresize.control import registry as registry
 from dynaresize.core.rundir import read_jsonl
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.oracle import oracle_steps
+from dynaresize.sim.resolve import resolve_workload
 from dynaresize.sim.run import load_policies, simulate
-from dynaresize.sim.workloads import resolve_workload
 
 POLICIES = ("static", "colocated", "borrow", "oracle")
 KEYS = {"policy", "split", "mean_step_s", "p99_step_s", "samples_per_s", "tokens_per_s",

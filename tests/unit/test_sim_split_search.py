@@ -7,8 +7,8 @@ import pytest
 
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.probes import SplitProber
+from dynaresize.sim.resolve import resolve_workload
 from dynaresize.sim.run import run_static, search_split
-from dynaresize.sim.workloads import resolve_workload
 
 
 @pytest.mark.parametrize("staleness", [1, 0])

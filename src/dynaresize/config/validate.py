@@ -8,7 +8,6 @@ import json
 import os
 from pathlib import Path
 
-from dynaresize.config.env import validate_env
 from dynaresize.config.literal import toml_repr
 from dynaresize.config.schema import (
     ADVANTAGES,
@@ -31,6 +30,7 @@ from dynaresize.config.schema import (
     ConfigError,
     ResizeEntry,
 )
+from dynaresize.config.validate_env import validate_env
 from dynaresize.model_sources import SOURCES, missing_requirement
 from dynaresize.rollout.speculative import DRAFTERS, MIN_ROWS
 

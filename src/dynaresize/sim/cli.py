@@ -178,8 +178,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """Consumes the parsed arguments; prints the table or the JSON object; writes --out."""
     from dynaresize.sim.calibrate import load_calibration, load_run_config, trace_from_run
     from dynaresize.sim.cli_episodes import default_policies, episode_workload_from_args
+    from dynaresize.sim.resolve import resolve_workload
     from dynaresize.sim.run import simulate
-    from dynaresize.sim.workloads import resolve_workload
 
     args.gpus_given, args.staleness_given = args.gpus, args.staleness
     args.gpus = 64 if args.gpus is None else args.gpus

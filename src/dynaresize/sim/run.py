@@ -53,8 +53,9 @@ from dynaresize.sim.oracle import (
     oracle_steps,
 )
 from dynaresize.sim.probes import PARALLEL_MIN_REQUEST_STEPS, Analytic, SplitProber
+from dynaresize.sim.resolve import resolve_workload
 from dynaresize.sim.speculation import Speculation, resolve_speculation
-from dynaresize.sim.workloads import Workload, resolve_workload
+from dynaresize.sim.workloads import Workload
 
 BUILTIN_POLICIES = ("static", "colocated", "reference", "fully-async", "oracle")
 NOT_ORCHESTRATOR = ("colocated", "fully-async", "oracle")

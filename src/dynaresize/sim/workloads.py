@@ -21,7 +21,7 @@ Presets (`get_workload(name)`):
   (a short tool call of ~300 tokens or a long reasoning turn of ~4,000), the long-turn
   probability drawn per prompt from Beta(2, 3).
 - `drift`: the `dapo-7b` shape with the median doubling every 25 steps (x4 over 50 steps).
-- `agentic-turns` (`resolve_workload` only): `agentic`'s batch and lengths as multi-turn
+- `agentic-turns` (`sim.resolve.resolve_workload` only): `agentic`'s batch and lengths as multi-turn
   episodes, a turn per request and tool waits between turns (`sim.episodes`).
 
 Traces (`load_trace`): JSON Lines in the design §5 format, validated line by line.
@@ -330,14 +330,3 @@ def write_trace(workload: Workload, steps: int, path: str) -> None:
         for step in range(steps):
             for row in workload.requests(step):
                 f.write(json.dumps(row) + "\n")
-
-
-def resolve_workload(spec: str, **kwargs: Any) -> Workload:
-    """A preset name (`agentic-turns`: multi-turn episodes, `sim.episodes`) or a path to a
-    `.jsonl` trace (what `simulate --workload` accepts)."""
-    if spec.endswith(".jsonl") or "/" in spec:
-        return load_trace(spec)
-    if spec == "agentic-turns":
-        from dynaresize.sim.episodes import episode_workload
-        return episode_workload(spec, **kwargs)
-    return get_workload(spec, **kwargs)
