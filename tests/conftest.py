@@ -55,3 +55,16 @@ def device_pool(ray_cluster: None) -> Iterator[Callable[[int], object]]:
     yield get
     for pool in pools.values():
         pool.shutdown()
+
+
+@pytest.fixture
+def group() -> Iterator[object]:
+    """A one-rank gloo world in this process (an in-memory store: no socket), its WORLD group;
+    destroyed afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()

@@ -7,18 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from dynaresize.train import exact
-
-
-@pytest.fixture
-def group() -> object:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("budget_rows", [1, 3, 100])

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import torch
-import torch.distributed as dist
 
 from dynaresize.config import TrainConfig
 from dynaresize.core.types import TrainSample
@@ -16,15 +14,6 @@ from dynaresize.train.trainer import FSDPTrainer
 
 CONFIG = TrainConfig(lr=3e-3, micro_batch_size=2, clip_eps=0.2, max_grad_norm=1.0)
 EXACT = dataclasses.replace(CONFIG, exact_reduction=True)
-
-
-@pytest.fixture
-def group() -> object:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def make_model() -> torch.nn.Module:
