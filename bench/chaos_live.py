@@ -1,17 +1,26 @@
-"""Live chaos trials: random `[[faults.kill]]` on real Ray devices (SIGKILL of the actor's
+"""Live chaos trials: random device deaths on real Ray devices (SIGKILL of the actor's
 process), each run checked against the fault-free run of its variant.
 
     python bench/chaos_live.py [--trials 20] [--first-seed 0] [--engine builtin|vllm]
-        [--json FILE] [--set KEY=VALUE ...]
+        [--mode trap|kill] [--json FILE] [--out DIR] [--set KEY=VALUE ...] [--write]
+    python bench/chaos_live.py --engine vllm --from-json a.json b.json --write
 
-The default run (4 CPU devices, 2 rollout / 2 train, the hysteresis policy) shortened to 4
-steps. Each trial draws (seeded): staleness 0/1, checkpoint every 0/1 step, a forced resize or
-none, and 1-2 kills (at most one per starting pool): the device, the step, and where
-(`rollout:F` with F random, `train`, or `resize` when the trial has one). Reported per trial:
-finished, lost / duplicated / wrong-version / changed samples against the reference, whether
-`param_sha256` equals the reference's (exact reduction: bitwise) and the largest parameter
-difference, recovery seconds and replayed steps. One Ray cluster and one device pool for all
-(repaired after each run), as `bench/faults.py`.
+The default run (4 CPU devices, 2 rollout / 2 train, the hysteresis policy: streamed training,
+pipelined rollouts) shortened to 4 steps of 4 prompts x 4.
+- `--mode trap` (default): `app.chaos_live` draws a variant (staleness 0-2, a checkpoint every
+  0 or 1 step, a forced resize or none) and 1-2 deaths in any phase (rollout, streamed
+  training, optimizer step, weight sync, resize op, checkpoint save; a second one possibly
+  inside the first one's recovery), installed as a trap on the run's devices.
+- `--mode kill`: `[[faults.kill]]` entries (rollout:F, train, resize; staleness 0/1), which
+  turn pipelined rollouts off.
+Reported per trial: finished, lost / duplicated / wrong-version / changed samples against the
+reference, whether `param_sha256` equals the reference's (exact reduction: bitwise) and the
+largest parameter difference, recovery seconds and replayed steps. One Ray cluster and one
+device pool for all (repaired after each run), as `bench/faults.py`.
+
+`--write` puts the table into docs/results.md (between `<!-- chaos-live-ENGINE-MODE:start -->`
+and `<!-- chaos-live-ENGINE-MODE:end -->`); `--from-json` renders trials of earlier runs (for
+example a campaign split into several processes) without running any.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults import audit, param_diff  # noqa: E402
+from policies import write_block  # noqa: E402  (bench/ is not a package)
 
 BASE = ["run.steps=4", "task.prompts_per_step=4", "task.samples_per_prompt=4",
         "task.max_new_tokens=12", "train.micro_batch_size=2", "output.progress='plain'",
@@ -60,64 +70,173 @@ def kill_toml(kills: list[dict[str, Any]]) -> str:
         f"{{device={k['device']}, step={k['step']}, at='{k['at']}'}}" for k in kills) + "]"
 
 
+COLUMNS = ("seed", "variant", "kills", "finished", "lost", "duplicated", "wrong_version",
+           "tokens_changed", "params_equal", "recovery_s", "replayed_steps", "run_s")
+TOTALS = ("survived", "deaths", "lost", "duplicated", "wrong_version", "tokens_changed",
+          "params_equal", "num_faults", "replayed_steps")
+
+
+def cell(row: dict[str, Any], key: str) -> str:
+    if key == "variant":
+        return ", ".join(v.replace("resize.schedule=[{step=1, at='start', move='rollout->train'"
+                                   ", num_devices=1}]", "resize at step 1")
+                         for v in row["variant"]).replace("run.", "")
+    if key == "kills" and isinstance(row["kills"], str):
+        return row["kills"]
+    if key == "kills":
+        return "; ".join(f"dev {k['device']} step {k['step']} {k['at']}" for k in row["kills"])
+    return str(row[key])
+
+
+def render(rows: list[dict[str, Any]], engine: str, mode: str) -> str:
+    """The campaign's markdown: a summary line and a line per trial."""
+    total = {k: sum(r[k] for r in rows) for k in TOTALS}
+    how = ("deaths in every phase, trapped on the run's devices (streamed, pipelined)"
+           if mode == "trap" else "random `[[faults.kill]]` (unpipelined)")
+    head = (f"**Live random deaths, {engine} engine, {mode} mode** (`python bench/chaos_live.py "
+            f"--engine {engine} --mode {mode} --trials {len(rows)} --write`: the default run, 4 "
+            f"CPU devices 2 rollout / 2 train, hysteresis, 4 steps of 4 prompts x 4; {how}; "
+            f"each run against the fault-free run of its variant; measured "
+            f"{time.strftime('%Y-%m-%d')}): **{len(rows)} trials, {total['survived']} "
+            f"survived**, {total['deaths']} deaths ({total['num_faults']} recoveries); lost "
+            f"{total['lost']}, duplicated "
+            f"{total['duplicated']}, wrong version {total['wrong_version']}, changed "
+            f"{total['tokens_changed']}; parameters equal to the fault-free run's (sha256) in "
+            f"{total['params_equal']}; {total['replayed_steps']} steps replayed.")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r, k) for k in COLUMNS) + " |" for r in rows]
+    failed = [r for r in rows if not r["survived"]]
+    notes = [f"Seed {r['seed']} did not survive: {r['error'] or 'records differ'}"
+             for r in failed]
+    return "\n".join([head, "", *lines, *([""] + notes if notes else [])])
+
+
+def write(rows: list[dict[str, Any]], engine: str, mode: str) -> None:
+    name = f"chaos-live-{engine}-{mode}"
+    write_block(f"<!-- {name}:start -->", f"<!-- {name}:end -->", render(rows, engine, mode))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--engine", default="builtin")
+    parser.add_argument("--engine", default="builtin", choices=("builtin", "vllm"))
     parser.add_argument("--json")
     parser.add_argument("--out")
     parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--mode", default="trap", choices=("trap", "kill"),
+                        help="trap: deaths in every phase, the run's own code path "
+                             "(app.chaos_live); kill: `[[faults.kill]]` entries")
+    parser.add_argument("--write", action="store_true",
+                        help="write the table into docs/results.md")
+    parser.add_argument("--from-json", nargs="+", metavar="FILE",
+                        help="render the trials of these --json files instead of running")
     args = parser.parse_args(argv)
+    if args.from_json:
+        rows = [r for f in args.from_json for r in json.loads(Path(f).read_text())]
+        print(render(rows, args.engine, args.mode))
+        if args.write:
+            write(rows, args.engine, args.mode)
+        return 0 if all(r["survived"] for r in rows) else 1
+    rows = campaign(args)
+    if args.write:
+        write(rows, args.engine, args.mode)
+    total = {k: sum(r[k] for r in rows) for k in TOTALS}
+    print(f"{args.engine}: {len(rows)} trials, {json.dumps(total)}")
+    return 0 if total["survived"] == len(rows) else 1
 
+
+def reference(run: Any, root: Path, base: list[str], variant: list[str]
+              ) -> tuple[Path, dict[Any, Any], str, dict[str, int]]:
+    """The fault-free run of `variant` (kept in `root` across invocations): its directory,
+    sample view, `param_sha256` and call count per phase (`LiveTrap` without deaths)."""
+    from dynaresize.app.chaos_live import LiveTrap
+    from dynaresize.core.rundir import read_jsonl
+
+    key = " ".join(variant)
+    ref = root / f"reference-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+    tag, counts = ref / "variant.txt", ref / "calls.json"
+    if (ref / "summary.json").exists() and tag.exists() and tag.read_text() == key \
+            and counts.exists():
+        summary = json.loads((ref / "summary.json").read_text())
+        calls = json.loads(counts.read_text())
+    else:
+        trap = LiveTrap(())
+        summary = run([*base, *variant], ref, trap.install)
+        calls = dict(trap.calls)
+        tag.write_text(key)
+        counts.write_text(json.dumps(calls))
+    view = {(s["step"], s["prompt"], s["sample"]): (s["version"], s["tokens_sha256"])
+            for s in read_jsonl(ref / "samples.jsonl")}
+    return ref, view, summary["param_sha256"], calls
+
+
+def trial(run: Any, seed: int, root: Path, base: list[str], refs: dict[str, Any],
+          mode: str) -> dict[str, Any]:
+    """One trial (module doc): its row."""
+    from dynaresize.app.chaos_live import LiveTrap, describe, draw_live
+    from dynaresize.config import load_config
+
+    def ref_of(variant: list[str]) -> Any:
+        key = " ".join(variant)
+        if key not in refs:
+            refs[key] = reference(run, root, base, variant)
+        return refs[key]
+
+    trap, extra = None, []
+    if mode == "trap":
+        variant, deaths = draw_live(seed, lambda v: ref_of(v)[3])
+        trap = LiveTrap(deaths, seed)
+    else:
+        variant, kills = draw(seed)
+        extra = [kill_toml(kills)]
+    ref, view, sha, _ = ref_of(variant)
+    out = root / f"trial-{seed}"
+    t0 = time.monotonic()
+    try:
+        summary, error = run([*base, *variant, *extra], out,
+                             trap.install if trap else None), ""
+    except Exception as exc:  # a fault the run did not survive: the table says so
+        summary, error = {}, f"{type(exc).__name__}: {exc}"[:300]
+    faults = summary.get("faults", [])
+    cfg = load_config(None, [*base, *variant], check_machine=False)
+    row = {"seed": seed, "variant": variant,
+           "kills": describe(trap.deaths, trap.fired) if trap else kills,
+           "finished": not error,
+           **audit(out, view, cfg), "params_equal": summary.get("param_sha256") == sha,
+           "max_param_diff": param_diff(out, ref) if not error else float("nan"),
+           "deaths": sum(k is not None and k >= 0 for k in trap.fired) if trap else len(kills),
+           "num_faults": len(faults),
+           "recovery_s": round(sum(f.get("recovery_s", 0.0) for f in faults), 2),
+           "replayed_steps": sum(f.get("replayed_steps", 0) for f in faults),
+           "run_s": round(time.monotonic() - t0, 1), "error": error}
+    row["survived"] = row["finished"] and not (row["lost"] or row["duplicated"] or
+                                               row["wrong_version"] or row["tokens_changed"]
+                                               or not row["params_equal"])
+    return row
+
+
+def campaign(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run the trials (module doc); one row per trial."""
     from dynaresize.app.runner import run_training
     from dynaresize.config import load_config
-    from dynaresize.core.rundir import read_jsonl
     from dynaresize.devices.ray_device import DevicePool, ensure_ray
 
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-chaos-live-"))
     base = [*BASE, f"rollout.engine='{args.engine}'", *args.set]
     started = ensure_ray(num_cpus=4)
     pool = DevicePool(4)
-    refs: dict[str, tuple[Path, dict[Any, Any], str]] = {}
-    rows = []
+
+    def run(overrides: list[str], out: Path, chaos: Any) -> dict[str, Any]:
+        cfg = load_config(None, overrides, check_machine=False)
+        return run_training(cfg, out, pool=pool, chaos=chaos)
+
+    refs: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
     try:
         for seed in range(args.first_seed, args.first_seed + args.trials):
-            variant, kills = draw(seed)
-            key = " ".join(v for v in variant if "checkpoint" not in v)
-            if key not in refs:
-                ref = root / f"reference-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
-                cfg = load_config(None, [*base, *variant], check_machine=False)
-                tag = ref / "variant.txt"
-                if (ref / "summary.json").exists() and tag.exists() and tag.read_text() == key:
-                    summary = json.loads((ref / "summary.json").read_text())  # kept from --out
-                else:
-                    summary = run_training(cfg, ref, pool=pool)
-                    tag.write_text(key)
-                view = {(s["step"], s["prompt"], s["sample"]): (s["version"], s["tokens_sha256"])
-                        for s in read_jsonl(ref / "samples.jsonl")}
-                refs[key] = (ref, view, summary["param_sha256"])
-            ref, view, sha = refs[key]
-            cfg = load_config(None, [*base, *variant, kill_toml(kills)], check_machine=False)
-            out = root / f"trial-{seed}"
-            t0 = time.monotonic()
-            try:
-                summary, error = run_training(cfg, out, pool=pool), ""
-            except Exception as exc:  # a fault the run did not survive: the table says so
-                summary, error = {}, f"{type(exc).__name__}: {exc}"[:300]
-            faults = summary.get("faults", [])
-            row = {"seed": seed, "variant": variant, "kills": kills, "finished": not error,
-                   **audit(out, view, cfg), "params_equal": summary.get("param_sha256") == sha,
-                   "max_param_diff": param_diff(out, ref) if not error else float("nan"),
-                   "num_faults": len(faults),
-                   "recovery_s": round(sum(f.get("recovery_s", 0.0) for f in faults), 2),
-                   "replayed_steps": sum(f.get("replayed_steps", 0) for f in faults),
-                   "run_s": round(time.monotonic() - t0, 1), "error": error}
-            row["survived"] = row["finished"] and not (row["lost"] or row["duplicated"] or
-                                                       row["wrong_version"] or
-                                                       row["tokens_changed"])
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(trial(run, seed, root, base, refs, args.mode))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     finally:
@@ -126,12 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             import ray
 
             ray.shutdown()
-    total = {k: sum(r[k] for r in rows) for k in ("survived", "lost", "duplicated",
-                                                   "wrong_version", "tokens_changed",
-                                                   "params_equal", "num_faults",
-                                                   "replayed_steps")}
-    print(f"{args.engine}: {len(rows)} trials, {json.dumps(total)}")
-    return 0 if total["survived"] == len(rows) else 1
+    return rows
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def _write_final_model(cfg: Config, versions: Any, run_dir: Path | None) -> None
 def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None = None,
                  pool: Any = None, progress: Progress | None = None,
                  fail_op: Any = None, resume: bool = False,
-                 stop_after_steps: int | None = None) -> dict[str, Any]:
+                 stop_after_steps: int | None = None, chaos: Any = None) -> dict[str, Any]:
     """Run `cfg` on Ray devices; write the run directory; return summary.json's content.
 
     `pool`: an existing DevicePool to reuse (tests share one per session); else one is
@@ -141,7 +141,9 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     local Ray cluster on loopback if that is empty.
     `fail_op(resize_index, op) -> bool`: failure injection for tests.
     `resume`: continue `out_dir` from its latest checkpoint (see `checkpoint`).
-    `stop_after_steps`: raise RunStopped once that many steps are done (tests)."""
+    `stop_after_steps`: raise RunStopped once that many steps are done (tests).
+    `chaos(devices, pool)`: called once the run's devices exist (the live chaos campaign's
+    trap, `app.chaos_live`)."""
     from dynaresize.app.metric_sinks import make_sinks
     from dynaresize.devices.ray_device import DevicePool
     from dynaresize.devices.settings import DeviceSettings
@@ -172,6 +174,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                                    cfg.allocation.num_train_devices)
         task = make_task(cfg)
         devices = pool.devices(DeviceSettings.build(cfg, task.tokenizer), alloc.roles)
+        if chaos is not None:
+            chaos(devices, pool)
         # issue 18: metric sinks and held-out evaluation (evaluation.worker: its own Ray actor)
         rundir.add_sinks(make_sinks(cfg, rundir.path, progress.message))
         evaluator = start_ray_evaluator(cfg, rundir.eval_result, progress.message)

@@ -171,6 +171,18 @@ class Trap:
             return None
         return pool[int(self._rng.integers(0, len(pool)))]
 
+    @property
+    def devices(self) -> list[Any]:
+        return list(self._devices)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self._rng
+
+    @property
+    def processes(self) -> Any:
+        return self._processes
+
 
 def sample_view(records: list[dict[str, Any]]) -> dict[tuple[int, int, int], tuple[int, int]]:
     return {(s["step"], s["prompt"], s["sample"]): (s["version"], s["response_tokens"])
