@@ -94,6 +94,9 @@ class SimDevice:
         """A step whose held gradients a world rebuild dropped (its finish fails, as live)."""
         self._collective_waits: set[Any] = set()
         """Those of collective ops: a peer's death fails them too (`sim.faults`)."""
+        self.has_engine = role is not Role.TRAIN
+        """As the live actor's engine: built by `load_weights`/`alloc_kv`, dropped by
+        `release_rollout_weights`; `submit` needs it (a trainer has none)."""
 
     @property
     def train_members(self) -> tuple[int, ...]:
@@ -144,10 +147,13 @@ class SimDevice:
     async def load_weights(self, version: int, weights: WeightHandle) -> None:
         await self._spend(self.costs.weight_sync_s())
         self.version = version
-        self.role = Role.ROLLOUT
+        self.role, self.has_engine = Role.ROLLOUT, True
 
     async def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
         self._check_alive()
+        if not self.has_engine:  # as the live actor
+            raise AssertionError(f"simulated device {self.index}: no rollout engine on this "
+                                 "device")
         if self.recorder is not None:
             self.recorder.submitted(self.index, requests, self.clock.now())
         self.engine.submit(requests)
@@ -186,11 +192,12 @@ class SimDevice:
     async def release_rollout_weights(self) -> None:
         """Drop the engine's weights (deferrable): `release_weights_s`."""
         await self._spend(self.costs.resize.release_weights_s)
+        self.has_engine = False
 
     async def alloc_kv(self) -> None:
         """Allocate the KV cache and warm the engine up: `alloc_kv_s + start_serving_s`."""
         await self._spend(self.costs.resize.alloc_kv_s + self.costs.resize.start_serving_s)
-        self.role = Role.ROLLOUT
+        self.role, self.has_engine = Role.ROLLOUT, True
 
     async def join_group(self, members: tuple[int, ...]) -> bool:
         """Communicator cache keyed by the member set: `join_group_first_s` the first time
@@ -278,6 +285,9 @@ class SimDevice:
     async def train_step(self, step: int, micro_batches: list[list[TrainSample] | None],
                          global_num_tokens: int) -> dict[str, float]:
         self._expect(step, "train_step")
+        if self._held_step is not None:  # as the live trainer (`FSDPTrainer._check_rounds`)
+            raise ValueError(f"simulated device {self.index}: train_step of step {step} while "
+                             f"gradients of step {self._held_step} are held")
         seconds, num_tokens = self.train_step_s(micro_batches)
         await self._spend(seconds, collective=True)
         self.train_steps = step + 1
