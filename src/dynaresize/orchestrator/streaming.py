@@ -198,14 +198,20 @@ class StreamTrainer:
         """Set whenever micro-batches become ready and whenever a resize starts waiting for
         the train lock (`StepBoard.changed`)."""
 
-    async def accumulate(self, step: int, stream: StepStream, holdings: Holdings) -> float:
-        """Sessions until every micro-batch of `step` is held (module docstring); returns the
-        device-seconds spent."""
+    async def accumulate(self, step: int, stream: StepStream, holdings: Holdings,
+                         stop: Callable[[], bool] = lambda: False) -> float:
+        """Sessions until every micro-batch of `step` is held (module docstring), or until
+        `stop()` (checked as each session takes the train lock: a repair, e.g. by a resize
+        that held the lock meanwhile, rebuilt the world and dropped the held gradients, so the
+        step reruns the plain way and nothing more may be held); returns the device-seconds
+        spent."""
         device_s = 0.0
         rate = TrainRate()
         boundary = self.boundary
         while holdings.todo(stream.ready) or not stream.complete:
             async with boundary.lock:
+                if stop():
+                    break
                 trainers = self.state.train_devices()
                 holdings.drop_devices(d.index for d in trainers)
                 device_s += await train_session(self.clock, self.rundir, step, stream,

@@ -87,7 +87,9 @@ class TrainLoop:
                 stream = await board.stream(step)
                 board.hold(holdings, stream)
                 try:
-                    accumulated_s = await self.streamer.accumulate(step, stream, holdings)
+                    accumulated_s = await self.streamer.accumulate(
+                        step, stream, holdings,
+                        stop=lambda n=num_repairs: recovery.num_repairs != n)
                 except Exception:
                     if not recovery.find_dead(f"died in train step {step}"):
                         raise
