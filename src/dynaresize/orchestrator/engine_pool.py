@@ -301,6 +301,12 @@ class EnginePool:
         self._served_version = version
         return version, versions.get(version)
 
+    def engine_gone(self, index: int) -> None:
+        """Device `index` holds no engine (a trainer reassigned to the rollout pool, or an
+        engine released): whichever run it joins loads weights first (`load_weights` builds
+        the engine), never submitting to it before."""
+        self.engine_version[index] = -1
+
     def forget_moved(self, to_rollout: tuple[int, ...], to_train: tuple[int, ...] = ()) -> None:
         """A resize ended (committed or rolled back): its devices are in their pools."""
         self.serving_early -= set(to_rollout)

@@ -65,6 +65,7 @@ class Resizer:
             await device.release_kv()
             await device.release_rollout_weights()
             self.engines.forget_moved((), (index,))
+        self.engines.engine_gone(index)  # into the rollout: a trainer has no engine yet
         self.state.commit_allocation(self.state.allocation.with_roles({index: role}))
 
     def repair_soon(self) -> None:
