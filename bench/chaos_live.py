@@ -31,6 +31,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,8 @@ def render(rows: list[dict[str, Any]], engine: str, mode: str) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(r, k) for k in COLUMNS) + " |" for r in rows]
     failed = [r for r in rows if not r["survived"]]
-    notes = [f"Seed {r['seed']} did not survive: {r['error'] or 'records differ'}"
+    notes = [f"Seed {r['seed']} did not survive: "
+             f"{r['error'].strip().splitlines()[-1][:200] if r['error'] else 'records differ'}"
              for r in failed]
     return "\n".join([head, "", *lines, *([""] + notes if notes else [])])
 
@@ -192,12 +194,15 @@ def trial(run: Any, seed: int, root: Path, base: list[str], refs: dict[str, Any]
         extra = [kill_toml(kills)]
     ref, view, sha, _ = ref_of(variant)
     out = root / f"trial-{seed}"
+    (out / "error.txt").unlink(missing_ok=True)  # of an earlier run of this trial
     t0 = time.monotonic()
     try:
         summary, error = run([*base, *variant, *extra], out,
                              trap.install if trap else None), ""
     except Exception as exc:  # a fault the run did not survive: the table says so
-        summary, error = {}, f"{type(exc).__name__}: {exc}"[:300]
+        full = f"{type(exc).__name__}: {exc}"
+        (out / "error.txt").write_text(traceback.format_exc())  # the row keeps its end
+        summary, error = {}, full if len(full) <= 400 else "..." + full[-400:]
     faults = summary.get("faults", [])
     cfg = load_config(None, [*base, *variant], check_machine=False)
     row = {"seed": seed, "variant": variant,
