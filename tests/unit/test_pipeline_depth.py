@@ -10,6 +10,7 @@ from dynaresize.orchestrator.pipeline import (
     buffered_samples_bound,
     max_rolling_steps,
     max_tails,
+    share_factor,
 )
 from dynaresize.orchestrator.state import sample_version
 
@@ -24,6 +25,10 @@ def test_max_tails_is_what_the_versions_allow(staleness: int) -> None:
     needs = sample_version(t, staleness)  # version t - s needs every sample of step t - s - 1
     earliest_running = needs  # step `needs` - 1 is done, step `needs` may still run
     assert t - earliest_running == tails
+
+
+def test_share_factor_is_one_up_to_staleness_1() -> None:
+    assert [share_factor(s) for s in range(4)] == [1, 1, 2, 2]
 
 
 def test_bounds_refuse_negative_input() -> None:

@@ -33,7 +33,7 @@ from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.episodes import EpisodeTotals
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts
-from dynaresize.orchestrator.pipeline import Endings
+from dynaresize.orchestrator.pipeline import Endings, share_factor
 from dynaresize.orchestrator.source import PromptLike, PromptSource
 from dynaresize.orchestrator.step_rollout import RolloutSettings, StepRollout
 from dynaresize.orchestrator.view import RunViews
@@ -144,7 +144,8 @@ class RolloutLoop:
             run_settings = RunSettings(
                 rollout.version, settings.max_running_requests, settings.slice_s,
                 light_batch=settings.tail_batch, pack_batch=settings.pack_batch,
-                tail_order=policy != "off", spread=policy == "spread" and not self.pipelined)
+                tail_order=policy != "off", spread=policy == "spread" and not self.pipelined,
+                share_factor=share_factor(settings.staleness) if self.pipelined else 1)
             if rollout.episodes is not None:  # [env]: a HeldRun, open while episodes last
                 return rollout.episodes.make_run(rollout.specs, run_settings,
                                                  rollout.receive, self._on_lost(rollout))

@@ -174,9 +174,8 @@ class RolloutRun:
         self._maybe_pack()
 
     def close(self) -> None:
-        """Drop the callbacks and device slots once the run ended and its results are read:
-        they hold it in reference cycles (a closure over it); else its requests and
-        completions would wait for the cyclic GC (the twin pauses it)."""
+        """Drop the callbacks and slots once the run ended and its results are read: they
+        hold it in reference cycles; else it would wait for the cyclic GC (the twin's off)."""
         self.on_completions = lambda done: None
         self.on_device_lost = self.drain = self._on_idle = self.may_spread = None
         self.arrivals = None
@@ -216,12 +215,12 @@ class RolloutRun:
             self.drained.set()
 
     def _limit(self) -> int:
-        """Most requests one device may hold now (`max_running`, or its share)."""
-        max_running = self.settings.max_running
+        """Most requests one device may hold now (`max_running`, or its share x `share_factor`)."""
+        got = self.settings
         if self.arrivals is None:
-            return max_running
+            return got.max_running
         share = max(self.arrivals.num_rollout_devices(), len(self._slots), 1)
-        return max(1, min(max_running, -(-self.remaining // share)))
+        return max(1, min(got.max_running, got.share_factor * -(-self.remaining // share)))
 
     def _report(self, completions: list[Completion]) -> None:
         """Hand finished requests to `on_completions` at the PROGRESS_FRACTION granularity
