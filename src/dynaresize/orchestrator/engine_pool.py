@@ -264,11 +264,11 @@ class EnginePool:
     def movable_to_train(self, num: int) -> tuple[int, ...] | None:
         """Staleness >= 2 (`Resizer.deep`): `num` rollout devices a resize may stop where they
         are, without waiting for one step to roll out, or None if there are fewer: those in
-        no run and not in transit, then the newest run's engines with nothing left (while
-        its queue is empty), then its others (highest index first). The newest run keeps an
-        engine with requests (its own until it hands off, so none leaves meanwhile): the
-        requests of a stopped device go back to the run that held it. Each tail keeps one
-        engine that is not taken, too (`mark_leaving`)."""
+        no run and not in transit, then the newest run's engines with nothing left (its
+        queue empty), then its others (highest index first), then each tail's likewise
+        (newest first). Every run keeps one engine that is not taken, and none of its others
+        leaves counting on a taken one (`mark_leaving`), so the requests a stopped device
+        hands back to its run (`requeue`) always have an engine."""
         run = self.run
         taken = self.tail_busy() | (set(run.held_devices()) if run is not None else set())
         picks = [d.index for d in self.rollout_devices() if d.index not in taken]
