@@ -33,8 +33,8 @@ def run(pool: Any, out: Path, *overrides: str) -> dict[str, Any]:
     return run_training(cfg, out, pool=pool(cfg.num_devices))
 
 
-def test_staleness_2_forced_schedule_same_samples_and_params(device_pool: Any,
-                                                             tmp_path: Path) -> None:
+def test_staleness_2_forced_schedule_same_samples_and_params(
+        device_pool: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = run(device_pool, tmp_path / "plain")
     forced = run(device_pool, tmp_path / "forced", SCHEDULE)
     assert forced["num_resizes"] == 4
@@ -48,3 +48,19 @@ def test_staleness_2_forced_schedule_same_samples_and_params(device_pool: Any,
                "controller.pipeline_rollouts=true", "rollout.pack_batch=2")
     assert sample_view(tmp_path / "deep") == view
     assert deep["param_sha256"] == plain["param_sha256"]
+    # controller moves while the pipeline is 3 steps deep: the resizes stop engines where
+    # they are (`Resizer.deep`; their requests go back to the run that held them)
+    from dynaresize.control.base import Move, RunView
+    from dynaresize.control.fixed import FixedSplit
+    from dynaresize.orchestrator import orchestrator
+
+    class Moves(FixedSplit):
+        def at_step_start(self, view: RunView) -> list[Move]:
+            plan = {2: "train->rollout", 3: "rollout->train"}
+            return [Move(plan[view.step], 1)] if view.step in plan else []
+
+    monkeypatch.setattr(orchestrator, "make_controller", lambda cfg: Moves())
+    moved = run(device_pool, tmp_path / "moved", "controller.pipeline_rollouts=true")
+    assert moved["num_resizes"] == 2
+    assert sample_view(tmp_path / "moved") == view
+    assert moved["param_sha256"] == plain["param_sha256"]

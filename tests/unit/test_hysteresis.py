@@ -309,3 +309,22 @@ def test_pipelined_tail_time_per_engine_does_not_shrink_with_fewer_engines() -> 
     assert decide(600.0) == [("rollout->train", 1)]
     assert decide(0.0) == []
 
+
+
+def test_staleness_2_charges_no_tail_seconds_per_engine() -> None:
+    """Staleness >= 2: a step's tail runs beside the s later steps' runs (the pipeline is
+    s + 1 deep), so its seconds per engine are not on the step's pace (`DEEP_TAIL_SHARE`).
+    The numbers above: at staleness 1, max(200/R + 75, 960/(16 - R)) moves one engine; at
+    staleness 2, max(200/R, 960/(16 - R)) is 80 s at R = 4 (the donor keeps half), 120 s
+    now: four engines go to training."""
+    def decide(staleness: int) -> list[tuple[str, int]]:
+        ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0))
+        hist = [StepTiming(0, 150.0, 120.0, 1000, 8, 8, train_device_s=960.0,
+                           rollout_device_s=800.0, rollout_tail_device_s=600.0)]
+        moves = ctl.at_step_start(view(staleness + 1, Allocation.initial(8, 8), hist,
+                                       staleness=staleness, pipelined=True))
+        assert ctl.predict_step_s(4, 16, staleness) == (80.0 if staleness == 2 else 125.0)
+        return pairs(moves)
+
+    assert decide(1) == [("rollout->train", 1)]
+    assert decide(2) == [("rollout->train", 4)]

@@ -10,6 +10,7 @@ from dynaresize.orchestrator.pipeline import (
     buffered_samples_bound,
     max_rolling_steps,
     max_tails,
+    share_factor,
 )
 from dynaresize.orchestrator.state import sample_version
 
@@ -24,6 +25,10 @@ def test_max_tails_is_what_the_versions_allow(staleness: int) -> None:
     needs = sample_version(t, staleness)  # version t - s needs every sample of step t - s - 1
     earliest_running = needs  # step `needs` - 1 is done, step `needs` may still run
     assert t - earliest_running == tails
+
+
+def test_share_factor_is_one_up_to_staleness_1() -> None:
+    assert [share_factor(s) for s in range(4)] == [1, 1, 2, 2]
 
 
 def test_bounds_refuse_negative_input() -> None:
@@ -109,3 +114,58 @@ def test_staleness_2_pipelines_three_steps_deep_with_the_plain_records(
     assert {(r[0], r[3]) for r in got[True][0]} == {(t, max(0, t - 2)) for t in range(7)}
     assert got[False][1] == 0 and got[True][1] == 2  # never more than max_tails(2)
     assert got[True][2] < got[False][2]
+
+
+def test_staleness_2_resizes_stop_devices_where_they_are(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """At staleness 2 a controller's resize does not wait for one step to roll out
+    (`Resizer.deep`): it takes engines where they are (the newest run's, a tail's: their
+    requests go back to the run that held them), the pipeline stays three steps deep, and
+    the records are those of the run without resizes (every sample of step t from version
+    t - 2)."""
+    import json
+
+    from dynaresize.control.base import Controller, Move, RunView
+    from dynaresize.control.fixed import FixedSplit
+    from dynaresize.orchestrator.resizer import Resizer
+    from dynaresize.sim.costs import get_cost_model
+    from dynaresize.sim.harness import run_config, sim_config
+    from dynaresize.sim.workloads import get_workload
+
+    class Moves(Controller):
+        needs_progress = False
+        streams_training = True
+
+        def at_step_start(self, view: RunView) -> list[Move]:
+            plan = {3: "rollout->train", 4: "rollout->train", 6: "train->rollout"}
+            return [Move(plan[view.step], 1)] if view.step in plan else []
+
+        def on_rollout_progress(self, view: RunView) -> list[Move]:
+            return []
+
+        def at_rollout_end(self, view: RunView) -> list[Move]:
+            return []
+
+    settled: list[int] = []
+    settle = Resizer._settle
+
+    async def watch(self: Resizer) -> None:
+        settled.append(1)
+        await settle(self)
+
+    monkeypatch.setattr(Resizer, "_settle", watch)
+    workload = get_workload("dapo-7b", seed=2, requests_per_step=1024)
+    costs = get_cost_model("h100-7b")
+    got = {}
+    for name, controller in (("fixed", FixedSplit()), ("moves", Moves())):
+        cfg = sim_config(workload, 5, 3, 8, 2, 0, costs)
+        out = tmp_path / name
+        run = run_config(cfg, workload, costs, controller=controller, out_dir=out)
+        rows = [json.loads(x) for x in open(out / "samples.jsonl")]
+        got[name] = sorted((r["step"], r["prompt"], r["sample"], r["version"],
+                            r["tokens_sha256"]) for r in rows)
+        if name == "moves":
+            assert run.summary["num_resizes"] == 3
+    assert got["fixed"] == got["moves"] and len(got["moves"]) == 8 * 1024
+    assert {(r[0], r[3]) for r in got["moves"]} == {(t, max(0, t - 2)) for t in range(8)}
+    assert settled == []  # no resize drained the pipeline

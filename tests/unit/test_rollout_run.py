@@ -153,6 +153,26 @@ def test_a_run_waiting_for_devices_gives_each_only_its_share() -> None:
         == {0, 1, 2, 3}
 
 
+def test_a_deep_pipeline_gives_a_first_engine_share_factor_times_its_share() -> None:
+    """`RunSettings.share_factor` (staleness >= 2, `pipeline.share_factor`): the first engine
+    of a run waiting for the others takes twice ceil(remaining / expected); every request
+    still completes once."""
+    async def main() -> tuple[int, list[Completion]]:
+        engines = [FakeEngine(i) for i in range(4)]
+        run = RolloutRun(RealClock(), specs(40), RunSettings(0, 32, 1.0, share_factor=2),
+                         on_completions=lambda c: None, arrivals=Arrivals(4, set()))
+        run.add_devices(engines[:1])
+        first_load = len(run.pending_of(0))
+        await asyncio.sleep(0)
+        run.add_devices(engines[1:])
+        await run.wait()
+        return first_load, run.completions
+
+    first_load, completions = asyncio.run(main())
+    assert first_load == 20  # 2 x 40 / 4 (with factor 1: 10, the test above)
+    assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(40))
+
+
 def test_packing_moves_a_thinning_tail_onto_fewer_engines() -> None:
     """Once handing off, with `pack_batch`, the least-loaded engine migrates its requests
     to the others as soon as they hold every remaining one at `pack_batch` each, and joins

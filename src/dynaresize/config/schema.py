@@ -248,7 +248,11 @@ class ControllerConfig:
                                  default=True)
     pipeline_rollouts: bool = _doc("Streaming policies, staleness >= 1: start the next step's "
                                    "rollout on the engines the current step's tail has "
-                                   "emptied (same samples).", default=True)
+                                   "emptied (same samples). At staleness s >= 2 up to s + 1 "
+                                   "steps roll out at once, a new step's first engines take "
+                                   "up to twice their share of its requests, and a resize "
+                                   "stops engines where they are instead of draining the "
+                                   "pipeline (docs/architecture.md).", default=True)
     hysteresis: HysteresisConfig = field(default_factory=HysteresisConfig)
     borrow: BorrowConfig = field(default_factory=BorrowConfig)
 

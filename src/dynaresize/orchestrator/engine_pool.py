@@ -50,6 +50,8 @@ class EnginePool:
         self.serving_early: set[int] = set()
         """train → rollout devices serving before their resize committed."""
         self._served_version = 0
+        self._stopped_in: dict[int, RolloutRun] = {}
+        """Devices a resize stopped -> the run that held them (their requests go back there)."""
         self._lost_handler: Callable[[Device, BaseException], bool] | None = None
 
     # ------------------------------------------------------------------ the pool
@@ -259,14 +261,52 @@ class EnginePool:
         return True
 
     # ------------------------------------------------------------------ resize hooks
+    def movable_to_train(self, num: int) -> tuple[int, ...] | None:
+        """Staleness >= 2 (`Resizer.deep`): `num` rollout devices a resize may stop where they
+        are, without waiting for one step to roll out, or None if there are fewer: those in
+        no run and not in transit, then the newest run's engines with nothing left (its
+        queue empty), then its others (highest index first), then each tail's likewise
+        (newest first). Every run keeps one engine that is not taken, and none of its others
+        leaves counting on a taken one (`mark_leaving`), so the requests a stopped device
+        hands back to its run (`requeue`) always have an engine."""
+        run = self.run
+        taken = self.tail_busy() | (set(run.held_devices()) if run is not None else set())
+        picks = [d.index for d in self.rollout_devices() if d.index not in taken]
+        for one in ([run] if run is not None else []) + self.tails[::-1]:
+            active = set(one.devices()) - self.leaving
+            idle = [i for i in one.idle_devices() if i in active]
+            working = sorted(active - set(idle), reverse=True)
+            picks += idle + working[:-1] if working else idle[:-1]
+        return tuple(picks[:num]) if len(picks) >= num else None
+
+    def mark_leaving(self, indices: tuple[int, ...]) -> None:
+        """The devices a resize takes (`movable_to_train`) stop taking work now, before
+        its `stop_admission` runs: no other engine of their runs leaves counting on them."""
+        for index in indices:
+            if (holder := self._holder(index)) is not None:
+                holder.mark_leaving(self.state.devices[index])
+
+    def _holder(self, index: int) -> RolloutRun | None:
+        for run in (self.run, *self.tails):
+            if run is not None and index in run.held_devices():
+                return run
+        return None
+
     async def stop_admission(self, device: Device) -> None:
         self.leaving.add(device.index)
-        if self.run is not None:
-            await self.run.stop_admission(device)
+        holder = self._holder(device.index)
+        if holder is not None:
+            self._stopped_in[device.index] = holder
+            await holder.stop_admission(device)
 
     def requeue(self, device: Device, exported: list[Any]) -> None:
-        if self.run is not None:
-            self.run.requeue(device, exported)
+        """A stopped device's requests go back to the run that held it (if it still runs;
+        else, with nothing exported, to the newest)."""
+        run = self._stopped_in.pop(device.index, None)
+        if run is None or not (run is self.run or self.is_tail(run)):
+            run = self.run
+        if run is not None:
+            run.requeue(device, exported)
         else:
             assert not exported, "requests in flight outside a rollout step"
 

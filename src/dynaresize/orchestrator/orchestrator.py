@@ -129,7 +129,6 @@ class Orchestrator:
             engines.on_engine_lost(self.recovery.on_rollout_lost)
         self.checkpointer: Checkpointer | NullCheckpointer = NullCheckpointer() \
             if checkpoints is None else Checkpointer(checkpoints, cfg, state, clock, rundir)
-        self.resizer = Resizer(state, boundary, engines, self.executor, self.recovery, clock)
         controller = controller or make_controller(cfg)
         self.streaming = bool(controller.streams_training and not cfg.env.name
                               and cfg.controller.stream_training and cfg.train.exact_reduction
@@ -139,6 +138,8 @@ class Orchestrator:
         self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
                               and cfg.controller.pipeline_rollouts and injector is None)
         """Step k + 1's rollout starts on the engines step k's tail has emptied."""
+        self.resizer = Resizer(state, boundary, engines, self.executor, self.recovery, clock,
+                               deep=self.pipelined and cfg.run.staleness >= 2)
         self.views = RunViews(state, engines, self.resizer, boundary, board, clock,
                               cfg.run.staleness, self.pipelined,
                               cfg.run.staleness == 0 and self.streaming)

@@ -34,6 +34,24 @@ def max_rolling_steps(staleness: int) -> int:
     return max_tails(staleness) + 1
 
 
+DEEP_SHARE_FACTOR = 2
+"""Staleness >= 2: how many times its share of the remaining requests an engine of a new
+pipelined run may hold until the run hands off (`share_factor`)."""
+
+
+def share_factor(staleness: int) -> int:
+    """How many times its share, ceil(remaining / rollout engines), one engine of a pipelined
+    run may hold until the run hands off (`RunSettings.share_factor`; the cap keeps an early
+    engine from ending the step with a long FIFO tail while the engines still to come get
+    the rest, `rollout.deal`). 1 at staleness 1. Deeper (s >= 2) `DEEP_SHARE_FACTOR`: a new
+    run then often starts on one or two engines while the earlier steps' tails hold the
+    others for tens of seconds, and training needs its samples only s steps later, so its
+    first engines take more (hysteresis, das, s = 2, 8 steps: dapo-7b 32 GPUs 30.70 -> 31.93
+    samples/s, agentic 32 17.58 -> 18.12; without a cap agentic fell to 11.64, a quarter of
+    its engines holding the whole step; docs/results.md, depth-gap)."""
+    return 1 if staleness < 2 else DEEP_SHARE_FACTOR
+
+
 def buffered_samples_bound(staleness: int, samples_per_step: int) -> int:
     """Most samples produced and not yet consumed by training at any time: every step whose
     rollout may run at once (`max_rolling_steps`) holds at most one step's samples; training

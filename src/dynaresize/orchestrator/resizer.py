@@ -5,6 +5,13 @@ boundary (the train lock; streaming training yields it between micro-batches), p
 move, runs it through the executor (whose hooks are the engine pool's) and, if it committed,
 installs the new allocation. `resize_soon` starts one in the background. The resizer is the
 only writer of the resize ledger (reports, skipped moves, measured times, pending counts).
+
+`deep` (pipelined rollouts at staleness >= 2): a resize does not drain the pipeline first.
+It takes the boundary, and a rollout -> train move takes devices the pool can stop where they
+are (`EnginePool.movable_to_train`: free, or in a run that keeps another engine; the hooks
+requeue each device's requests in the run that held it). Only if there are not enough does
+it wait, as at staleness 0 and 1, until one step rolls out (`num_settling`: the rollout loop
+then stops pipelining).
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from dynaresize.resize.planner import plan_resize, target_allocation
 class Resizer:
     def __init__(self, state: RunState, boundary: OptimizerBoundary, engines: EnginePool,
                  executor: ResizeExecutor, recovery: Recovery | NullRecovery,
-                 clock: Clock) -> None:
+                 clock: Clock, deep: bool = False) -> None:
         self.state = state
+        self.deep = deep
+        """Staleness >= 2, pipelined: resizes stop devices where they are (module doc)."""
         self.boundary = boundary
         self.engines = engines
         self.executor = executor
@@ -45,7 +54,10 @@ class Resizer:
         self.num_pending = 0
         """Controller moves started in the background and not yet done."""
         self.num_requested = 0
-        """Resizes asked for and not yet done: no rollout pipelining meanwhile."""
+        """Resizes asked for and not yet done: no rollout pipelining meanwhile (`deep`: see
+        `num_settling`)."""
+        self.num_settling = 0
+        """`deep`: resizes that wait until one step rolls out: no pipelining meanwhile."""
 
     def fence(self, index: int) -> None:
         """Device `index` died: no pool and no resize op uses it again (recovery asks)."""
@@ -102,17 +114,46 @@ class Resizer:
         Returns None (and counts it as skipped) if the move would now empty a pool, e.g.
         because an earlier forced resize was rolled back."""
         self.num_requested += 1
+        prefer: tuple[int, ...] | None = None
         try:
-            await self.engines.settle()  # one step rolls out: the hooks act on its run
-            await self.boundary.acquire_for_resize()
+            if self.deep:
+                prefer = await self._acquire_in_place(move, num_devices)
+            if prefer is None:
+                await self._settle()  # one step rolls out: the hooks act on its run
+                await self.boundary.acquire_for_resize()
         except BaseException:
             self.num_requested -= 1
             raise
         try:
-            return await self._resize_at_boundary(move, num_devices, step, idle_first)
+            return await self._resize_at_boundary(move, num_devices, step, idle_first, prefer)
         finally:
             self.num_requested -= 1
             self.boundary.release()
+
+    @property
+    def blocks_pipelining(self) -> bool:
+        """Whether the rollout loop must stop pipelining: a resize waits until one step
+        rolls out (every requested one, unless `deep`)."""
+        return bool(self.num_settling if self.deep else self.num_requested)
+
+    async def _settle(self) -> None:
+        self.num_settling += 1
+        try:
+            await self.engines.settle()
+        finally:
+            self.num_settling -= 1
+
+    async def _acquire_in_place(self, move: str, num_devices: int) -> tuple[int, ...] | None:
+        """`deep`: take the boundary and return the devices to prefer (none for train ->
+        rollout), or release it and return None if the pool cannot give `num_devices`
+        where they are."""
+        await self.boundary.acquire_for_resize()
+        if move != "rollout->train":
+            return ()
+        prefer = self.engines.movable_to_train(num_devices)
+        if prefer is None:
+            self.boundary.release()
+        return prefer
 
     def _install(self, target: Allocation) -> None:
         """The resize's target allocation, minus the devices that died meanwhile (fenced)."""
@@ -121,15 +162,21 @@ class Resizer:
             target.with_roles({i: Role.IDLE for i in lost}) if lost else target)
 
     async def _resize_at_boundary(self, move: str, num_devices: int, step: int,
-                                  idle_first: bool) -> ResizeReport | None:
+                                  idle_first: bool, prefer: tuple[int, ...] | None = None
+                                  ) -> ResizeReport | None:
         state, recovery, run = self.state, self.recovery, self.engines.run
         try:
             idle = tuple(run.idle_devices()) if idle_first and run else ()
+            if prefer:  # `deep`: devices stopped where they are
+                idle = tuple(d for d in idle if d in prefer) + tuple(
+                    d for d in prefer if d not in idle)
             target = target_allocation(state.allocation, move, num_devices, idle)
         except ValueError as exc:
             self.skipped.append(f"step {step}: {exc}")
             return None
         plan = plan_resize(state.allocation, target)
+        if prefer:  # no engine of their runs leaves meanwhile counting on them
+            self.engines.mark_leaving(plan.to_train)
         t_resize, installed = self.clock.now(), False
         try:
             await recovery.repair()

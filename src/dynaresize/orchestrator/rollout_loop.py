@@ -16,7 +16,9 @@ still runs with the version its step is owed, so the samples are those of the pl
 (`pipeline.max_tails`: step k needs version k - s, which needs all of step k - s - 1's samples),
 their ends are processed in step order (`pipeline.Endings`), and none is pipelined while a
 resize is pending: a resize first waits until one step rolls out (`EnginePool.settle`), so its
-stop / requeue / start-serving hooks act on the one running step.
+stop / requeue / start-serving hooks act on the one running step. At staleness >= 2 a resize
+that can stop its devices where they are does not wait (`Resizer.deep`), and the pipeline
+stays s + 1 steps deep through it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.episodes import EpisodeTotals
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts
-from dynaresize.orchestrator.pipeline import Endings
+from dynaresize.orchestrator.pipeline import Endings, share_factor
 from dynaresize.orchestrator.source import PromptLike, PromptSource
 from dynaresize.orchestrator.step_rollout import RolloutSettings, StepRollout
 from dynaresize.orchestrator.view import RunViews
@@ -89,8 +91,8 @@ class RolloutLoop:
                     await resizer.resize(move.move, move.num_devices, step)
                 else:  # applied when the boundary comes; devices join the running step
                     rollout.fire(resizer.resize_soon(move, step))
-            if resizer.num_requested:
-                await _wait(endings.take_all())  # no pipelining while a resize is pending
+            if resizer.blocks_pipelining:  # no pipelining while a resize waits for it
+                await _wait(endings.take_all())
             await self.switch.to_rollout(step)  # colocated: the devices become engines
             busy = engines.tail_busy()
             ready = [d for d in engines.rollout_devices() if d.index not in busy]
@@ -105,7 +107,7 @@ class RolloutLoop:
                 await (run.drained.wait() if settings.staleness < 2 else engines.gathered(run))
             await _wait(endings.over_bound())  # at most s + 1 steps roll out at once
             previous = endings.previous()
-            if self.pipelined and not last and not resizer.num_requested:
+            if self.pipelined and not last and not resizer.blocks_pipelining:
                 engines.keep_tail(run)  # the loop moves on; this step ends in the background
                 endings.add(self.background.spawn(self._end(rollout, previous)))
             else:
@@ -142,7 +144,8 @@ class RolloutLoop:
             run_settings = RunSettings(
                 rollout.version, settings.max_running_requests, settings.slice_s,
                 light_batch=settings.tail_batch, pack_batch=settings.pack_batch,
-                tail_order=policy != "off", spread=policy == "spread" and not self.pipelined)
+                tail_order=policy != "off", spread=policy == "spread" and not self.pipelined,
+                share_factor=share_factor(settings.staleness) if self.pipelined else 1)
             if rollout.episodes is not None:  # [env]: a HeldRun, open while episodes last
                 return rollout.episodes.make_run(rollout.specs, run_settings,
                                                  rollout.receive, self._on_lost(rollout))

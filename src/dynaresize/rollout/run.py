@@ -12,10 +12,9 @@ in flight, always before the run finishes; dispatch happens at every completion.
 complete (`RunSettings`, callbacks, the pool's `Arrivals`) and changed only through its methods.
 Its parts: `slots` (engines, dispatch), `tail_order` (`rollout.tail_policy`'s queue strategy),
 `handoff` (when a pipelined run's engines leave). Moving requests off a live engine (packing a
-handed-off tail, spreading a thin one) is one routine, `_export_and_requeue`.
-
-Consumes: one step's RequestSpecs. Waits for: device slices. Produces: Completions
-(`on_completions`), busy intervals. Unblocked by: the last completion.
+handed-off tail, spreading a thin one) is one routine, `_export_and_requeue`. Consumes: one
+step's RequestSpecs. Waits for: device slices. Produces: Completions (`on_completions`), busy
+intervals. Unblocked by: the last completion.
 """
 
 from __future__ import annotations
@@ -122,7 +121,6 @@ class RolloutRun:
     def pending_of(self, index: int) -> list[Work]:
         """What was dispatched to engine `index` and not yet submitted (tests, reports)."""
         return list(slot.pending) if (slot := self._slots.get(index)) is not None else []
-
     # ------------------------------------------------------------------ membership
     def add_devices(self, devices: Sequence[RolloutOps]) -> None:
         """Start serving on `devices` (at step start, or joining mid-step)."""
@@ -132,12 +130,15 @@ class RolloutRun:
         self._dispatch(joined=True)
 
     async def stop_admission(self, device: RolloutOps) -> None:
-        """Stop giving `device` work; return once its current slice is over."""
-        slot = self._slots.get(device.index)
-        if slot is None:
-            return
-        slot.leave()
-        await slot.stopped()
+        """Stop giving `device` work (`mark_leaving`); return once its current slice is over."""
+        if (slot := self.mark_leaving(device)) is not None:
+            await slot.stopped()
+
+    def mark_leaving(self, device: RolloutOps) -> EngineSlot | None:
+        """No more work for `device` from now (its slot, or None if it holds none)."""
+        if (slot := self._slots.get(device.index)) is not None:
+            slot.leave()
+        return slot
 
     def requeue(self, device: RolloutOps, exported: Sequence[Work]) -> None:
         """Put a leaving device's unfinished work (exported + never submitted) back in front."""
@@ -173,9 +174,8 @@ class RolloutRun:
         self._maybe_pack()
 
     def close(self) -> None:
-        """Drop the callbacks and device slots once the run has ended and its results are
-        read: they hold the run in reference cycles (a closure over it), so without this a
-        step's requests and completions would wait for the cyclic GC (the twin pauses it)."""
+        """Drop the callbacks and slots once the run ended and its results are read: they
+        hold it in reference cycles; else it would wait for the cyclic GC (the twin's off)."""
         self.on_completions = lambda done: None
         self.on_device_lost = self.drain = self._on_idle = self.may_spread = None
         self.arrivals = None
@@ -215,12 +215,12 @@ class RolloutRun:
             self.drained.set()
 
     def _limit(self) -> int:
-        """Most requests one device may hold now (`max_running`, or its share)."""
-        max_running = self.settings.max_running
+        """Most requests one device may hold now (`max_running`, or its share x `share_factor`)."""
+        got = self.settings
         if self.arrivals is None:
-            return max_running
+            return got.max_running
         share = max(self.arrivals.num_rollout_devices(), len(self._slots), 1)
-        return max(1, min(max_running, -(-self.remaining // share)))
+        return max(1, min(got.max_running, got.share_factor * -(-self.remaining // share)))
 
     def _report(self, completions: list[Completion]) -> None:
         """Hand finished requests to `on_completions` at the PROGRESS_FRACTION granularity

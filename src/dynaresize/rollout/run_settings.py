@@ -34,6 +34,9 @@ class RunSettings:
     """`rollout.tail_policy` on: dispatch order by predicted length (`TailOrder`); else FIFO."""
     spread: bool = False
     """With `tail_order`: spread the thin tail (rollout/tail_order.py)."""
+    share_factor: int = 1
+    """A pipelined run (`Arrivals`): until it hands off, an engine holds at most this many
+    times its share of the remaining requests (`orchestrator.pipeline.share_factor`)."""
 
 
 class Arrivals(Protocol):

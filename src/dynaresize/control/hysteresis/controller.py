@@ -6,7 +6,8 @@ and in the simulator. docs/controller.md lists every rule and constant with its 
 A `StageModel` (`dynaresize.control.hysteresis.model`) keeps EMAs of the run's own
 measurements and predicts the step time at any split: staleness 1, max(rollout, training)
 (pipelined rollouts: the rollout's device-seconds before its tail, fitted a + b x R over the
-widths measured, plus the seconds each engine holds in the tail); staleness 0, the rollout
+widths measured, plus the seconds each engine holds in the tail, none at staleness >= 2:
+`model.DEEP_TAIL_SHARE`); staleness 0, the rollout
 plus the training left after it, the trainers streaming through the groups as the measured
 `ready_profile` makes them ready (a fluid queue), alone or with every rollout device but one
 when lending.

@@ -63,6 +63,20 @@ def streamed_dev_s(profile: Sequence[float], work_dev_s: float, rollout_s: float
     return min(best, work_dev_s)
 
 
+DEEP_TAIL_SHARE = 0.0
+"""Staleness >= 2: the share of the seconds per engine a step holds in its tail that its
+pipelined rollout is charged. The pipeline is s + 1 steps deep and the loop moves on once a
+run holds every engine it can get, so a tail's engines run beside the s later steps' runs and
+their seconds are not on the step's pace (measured, dapo-7b 32 GPUs, das: the best fixed split
+at s = 2 paces 57.8 s a step at 12 rollout engines, under the pre-tail device-seconds alone,
+714 / 12 = 59.5 s; docs/controller.md)."""
+
+
+def deep_tail_s(tail_s: float) -> float:
+    """The tail seconds per engine a staleness >= 2 prediction charges (`DEEP_TAIL_SHARE`)."""
+    return DEEP_TAIL_SHARE * tail_s
+
+
 def median_recent(values: list[float], default: float) -> float:
     """Median of the last 8 `values`, else `default`."""
     recent = sorted(values[-8:])
@@ -166,7 +180,9 @@ class StageModel:
         train = self.train_dev_s / (num_devices - num_rollout)
         if staleness and self.pipelined and self.roll_dev_s is not None:
             # The tail overlaps the next step's rollout: both stages cost device-seconds.
-            rollout = self.roll_tail_s + self.roll_fit.engine_s(self.roll_dev_s, num_rollout)
+            # Deeper (staleness >= 2) the tail runs beside s later steps (`deep_tail_s`).
+            tail_s = self.roll_tail_s if staleness < 2 else deep_tail_s(self.roll_tail_s)
+            rollout = tail_s + self.roll_fit.engine_s(self.roll_dev_s, num_rollout)
             return max(rollout, train)
         rollout = self.rollout_fit.engine_s(self.rollout_dev_s, num_rollout)
         return max(rollout, train) if staleness else rollout + train
