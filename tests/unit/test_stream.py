@@ -245,3 +245,38 @@ def test_dynamic_sampling_streams_exactly_the_kept_groups() -> None:
             [mb for _, mb in reference]
         kept = {r["prompt"]: r["kept"] for r in got.records}
         assert kept == {2: False, 5: True, 8: True, 9: False, 13: True, 20: False}
+
+
+class _DyingTrainer(_Trainer):
+    """Its first micro-batch fails half-way, as a killed device's call does."""
+
+    async def train_accumulate(self, step: int, mbs: list) -> None:
+        (m, _), = mbs
+        self.took.append(m)
+        await self.clock.sleep(0.5)
+        raise RuntimeError(f"device {self.index} died")
+
+
+def test_a_trainer_death_ends_the_session_for_every_trainer() -> None:
+    """Found live (`bench/chaos_live.py --mode trap`): when one trainer's micro-batch failed,
+    the others went on pulling micro-batches, also after the repair had rebuilt them, and
+    the replay of the step met the gradients they held. Now the session's other pulls are
+    cancelled with it: nothing is taken after the death."""
+    from dynaresize.orchestrator.streaming import train_session
+    from dynaresize.sim.clock import VirtualClock
+
+    clock = VirtualClock()
+    stream = _ready_stream([48, 48, 48, 48, 48, 48])  # 1 s each
+    survivor, dying = _Trainer(0, clock, stream, [False]), _DyingTrainer(1, clock, stream,
+                                                                          [False])
+
+    async def scenario() -> float:
+        with pytest.raises(RuntimeError, match="device 1 died"):
+            await train_session(clock, _Events(), 0, stream, Holdings(),  # type: ignore
+                                [survivor, dying], asyncio.Event(), lambda: False)
+        end_s = clock.now()
+        await clock.sleep(10.0)  # a pull left running would take more meanwhile
+        return end_s
+
+    assert clock.run(scenario()) == pytest.approx(0.5)
+    assert len(survivor.took) == 1 and len(dying.took) == 1

@@ -61,8 +61,14 @@ async def train_session(clock: Clock, rundir: RunDir, step: int, stream: StepStr
     micro-batch costs one wake-up, not one per idle trainer. Returns the device-seconds spent."""
     session = _Session(clock, rundir, step, stream, holdings, changed, stop, rate)
     watcher = asyncio.ensure_future(session.watch())
+    pulls = [asyncio.ensure_future(session.pull(d)) for d in trainers]
     try:
-        await asyncio.gather(*(session.pull(d) for d in trainers))
+        await asyncio.gather(*pulls)
+    except BaseException:  # a trainer died: the others must not pull on (found live by the
+        for pull in pulls:  # trap campaign: they held new micro-batches on the trainers the
+            pull.cancel()  # repair had just rebuilt, and its replay met them)
+        await asyncio.gather(*pulls, return_exceptions=True)
+        raise
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
