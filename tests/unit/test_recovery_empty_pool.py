@@ -121,3 +121,28 @@ def test_under_hysteresis_the_same_deaths_keep_the_records(case: str, staleness:
     assert sample_view(out) == sample_view(reference)
     assert sim.summary["num_faults"] == 1
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == list(range(STEPS))
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+@pytest.mark.parametrize("second", ["rollout", "recovery"])
+def test_both_rollout_devices_die_while_a_tail_runs(staleness: int, second: str,
+                                                    tmp_path: Path) -> None:
+    """Found live (`bench/chaos_live.py --mode trap`, seed 10): a rollout device died, then
+    the other one (later in the rollout, or inside the first one's recovery) while the
+    previous step's tail ran on it (pipelined). The tail looked for an engine of the newest
+    run to finish its requests, found none and failed the run; now it waits for the one
+    recovery reassigns from training. The trap places the deaths with pipelining on (a
+    `[[faults.kill]]` entry turns it off)."""
+    from dynaresize.app.chaos_live import LiveTrap
+    from dynaresize.sim.chaos import Death
+
+    reference = tmp_path / "reference"
+    bounded_run(config(2, staleness, policy="hysteresis"), reference)
+    trap = LiveTrap((Death("rollout", 3, 0.0, "caller"),
+                     Death(second, 0, 0.0, "rollout", after=0)))
+    out = tmp_path / "faulty"
+    sim = run_config(config(2, staleness, policy="hysteresis"), WORKLOAD, COSTS, out_dir=out,
+                     chaos=trap.install)
+    assert sorted(trap.fired) == [0, 1]  # both rollout devices
+    assert sample_view(out) == sample_view(reference)
+    assert any(f.get("reassigned", {}).get("to") == "rollout" for f in sim.summary["faults"])

@@ -24,6 +24,11 @@ from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.rollout.run import RolloutRun
 
+RESCUE_POLL_S = 0.05
+"""How often a tail that lost its last engine looks for one in the newest run."""
+RESCUE_WAIT_S = 600.0
+"""How long it waits for recovery to bring one (then the run fails, naming the step)."""
+
 
 class EnginePool:
     def __init__(self, state: RunState, clock: Clock, rundir: RunDir,
@@ -205,11 +210,19 @@ class EnginePool:
         """The newest step's highest-index engine leaves it (its requests migrate to the
         others), loads the previous version and finishes the previous step's requests."""
         try:
-            newest = self.run
-            donors = newest.devices() if newest is not None else []
-            if not donors:
-                raise RuntimeError(f"step {self.state.step - 1}'s last rollout engine died "
-                                   "and no engine is left to finish its requests")
+            newest, donors = self.run, []
+            waited_s = 0.0
+            while True:  # every rollout engine died: recovery refills the pool (a trainer
+                newest = self.run  # reassigned, `repair_soon`) and the newest run gets it
+                donors = newest.devices() if newest is not None else []
+                if donors:
+                    break
+                if waited_s >= RESCUE_WAIT_S:
+                    raise RuntimeError(f"step {self.state.step - 1}'s last rollout engine "
+                                       "died and no engine came to finish its requests in "
+                                       f"{RESCUE_WAIT_S:.0f} s")
+                await self.clock.sleep(RESCUE_POLL_S)
+                waited_s += RESCUE_POLL_S
             device = self.state.devices[donors[-1]]
             await newest.stop_admission(device)  # type: ignore[union-attr]
             newest.requeue(device, await device.export_inflight())  # type: ignore[union-attr]
