@@ -230,11 +230,16 @@ def campaign(args: argparse.Namespace) -> list[dict[str, Any]]:
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-chaos-live-"))
     base = [*BASE, f"rollout.engine='{args.engine}'", *args.set]
     started = ensure_ray(num_cpus=4)
-    pool = DevicePool(4)
+    pools = [DevicePool(4)]
 
     def run(overrides: list[str], out: Path, chaos: Any) -> dict[str, Any]:
         cfg = load_config(None, overrides, check_machine=False)
-        return run_training(cfg, out, pool=pool, chaos=chaos)
+        try:
+            return run_training(cfg, out, pool=pools[-1], chaos=chaos)
+        except Exception:  # a failed run may leave the shared pool broken (its repair
+            pools[-1].shutdown()  # failed too): the next trials get a fresh one
+            pools.append(DevicePool(4))
+            raise
 
     refs: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
@@ -245,7 +250,7 @@ def campaign(args: argparse.Namespace) -> list[dict[str, Any]]:
             if args.json:
                 Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     finally:
-        pool.shutdown()
+        pools[-1].shutdown()
         if started:
             import ray
 
