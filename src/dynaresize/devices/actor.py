@@ -94,6 +94,8 @@ class DeviceActor:
             init_world(backend, store, self.rank_of, index, pg_timeout_s)
         self.groups: dict[tuple[int, ...], Any] = {}
         self.group_creations = 0
+        self._trim_due = False
+        """A load_weights since the last `release_free_memory` (run_rollout does it)."""
         self.engine: Engine | None = None
         self.trainer: Any = None
         self._next_trainer: Any = None
@@ -288,14 +290,18 @@ class DeviceActor:
         if self.engine is None:
             self._build_engine(blank=True)  # load_weights overwrites every parameter (strict)
         self._engine().load_weights(state_dict, version)
+        self._trim_due = True  # the received copy is freed once this call returns
+
+    def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Any]:
+        if self._trim_due:  # after a load_weights: hand its freed copy's pages back
+            self._trim_due = False
+            release_free_memory()
+        return self._engine().run(max_s, until_empty)
 
     def submit(self, items: list[Any]) -> None:
         engine = self._engine()
         for item in items:
             engine.add(item)
-
-    def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Any]:
-        return self._engine().run(max_s, until_empty)
 
     def export_inflight(self) -> list[Any]:
         return self.engine.export_inflight() if self.engine is not None else []
