@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command to measure after --")
     proc = subprocess.Popen(command)
     peak: dict[str, float] = {"total": 0.0}
+    peak_t_s = 0.0
     kind_peak: dict[str, float] = defaultdict(float)
     num_processes = 0
     t0 = time.monotonic()
@@ -136,14 +137,14 @@ def main(argv: list[str] | None = None) -> int:
             trace.flush()
         num_processes = max(num_processes, len(now) - 1)
         if now["total"] > peak["total"]:
-            peak = now
+            peak, peak_t_s = now, time.monotonic() - t0
         for k, v in now.items():
             kind_peak[k] = max(kind_peak[k], v)
         time.sleep(args.every_s)
     if trace is not None:
         trace.close()
     result = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 1),
-              "peak_total_gib": round(peak["total"], 3),
+              "peak_total_gib": round(peak["total"], 3), "peak_t_s": round(peak_t_s, 1),
               "at_peak_gib": {k: round(v, 3) for k, v in sorted(peak.items())},
               "kind_peak_gib": {k: round(v, 3) for k, v in sorted(kind_peak.items())}}
     print(json.dumps(result, indent=1))
