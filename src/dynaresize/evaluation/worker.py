@@ -94,8 +94,11 @@ class EvalWorker:
         weights arrive as one tensor under both keys and stay tied); version 0 without
         weights rebuilds the model if it was released."""
         if state_dict is not None:
+            from dynaresize.devices.actor import release_free_memory
+
             self.model.load_state_dict(state_dict, strict=True, assign=True)
             self.model.requires_grad_(False)
+            release_free_memory()  # what receiving the weights left free (~0.4 GB measured)
         elif version != 0:
             raise ValueError(f"evaluation of version {version} got no weights")
         elif self.version != 0:
