@@ -47,12 +47,15 @@ def tree(root: int) -> list[int]:
     return seen
 
 
-PARTS = {"Pss:": "pss", "Pss_Anon:": "anon", "Pss_File:": "file", "Pss_Shmem:": "shmem"}
+PARTS = {"Pss:": "pss", "Pss_Anon:": "anon", "Pss_File:": "file", "Pss_Shmem:": "shmem",
+         "Rss:": "rss"}
+"""smaps_rollup lines read. `rss` counts a shared page in every process that maps it (a
+template file or the object store in several processes): the sum of RSS overstates."""
 
 
 def pss_parts(pid: int) -> dict[str, int]:
     """PSS of `pid` in bytes, in all (`pss`) and its anonymous, file-backed and shared-memory
-    parts (empty if it is gone)."""
+    parts, and its RSS (`rss`) (empty if it is gone)."""
     out: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
@@ -102,6 +105,8 @@ def sample(root: int, parts: dict[str, dict[str, float]] | None = None) -> dict[
                 parts.setdefault("pids", {})[str(pid)] = got.get("pss", 0) / GIB
     by_kind["total"] = sum(v for k, v in by_kind.items() if k != "gone")
     by_kind.pop("gone", None)
+    if parts is not None:
+        by_kind["rss_sum"] = sum(d.get("rss", 0.0) for k, d in parts.items() if k != "pids")
     return dict(by_kind)
 
 

@@ -20,6 +20,7 @@ def test_pss_parts_add_up_and_a_gone_process_has_none() -> None:
     parts = pss_parts(os.getpid())
     assert parts["pss"] > 0
     assert abs(parts["anon"] + parts["file"] + parts["shmem"] - parts["pss"]) <= 64 * 1024
+    assert parts["rss"] >= parts["pss"]
     assert pss_parts(2**22 + 1) == {}  # above Linux's pid limit: no such process
 
 
@@ -27,9 +28,10 @@ def test_a_sample_names_the_root_driver_and_its_trace_line_holds_the_parts() -> 
     parts: dict[str, dict[str, float]] = {}
     now = sample(os.getpid(), parts)
     assert now["driver"] > 0 and now["total"] >= now["driver"]
+    assert now["rss_sum"] >= now["total"] - 1e-9  # RSS counts shared pages in full
     line = json.loads(trace_line(1.25, now, parts))
     assert line["t_s"] == 1.2 or line["t_s"] == 1.3  # rounded to 0.1 s
-    assert set(line["parts"]["driver"]) == {"anon", "file", "shmem"}
+    assert set(line["parts"]["driver"]) == {"anon", "file", "shmem", "rss"}
 
 
 def test_main_measures_a_command_and_writes_its_trace(tmp_path: Path) -> None:
