@@ -131,7 +131,10 @@ class DeviceActor:
         initialisation, which takes ~0.1 s where a random init of 100M parameters takes
         1.5-7 s on one thread: the new trainers of a reshard and the engine of a device that
         starts serving are built on a resize's critical path. `blank`: parameters left
-        uninitialised, for a model whose every parameter is overwritten next."""
+        uninitialised, for a model whose every parameter is overwritten next. A template
+        memory-mapped from its safetensors file leaves this process's resident memory after
+        each copy (`devices.file_pages`: its pages stay in the page cache, unchanged)."""
+        from dynaresize.devices.file_pages import drop_model_file_pages
         from dynaresize.models import build_model
 
         settings = self._settings()
@@ -141,7 +144,9 @@ class DeviceActor:
             self._template = build_model(settings.model, tok.vocab_size, eos_token_id=tok.eos_id,
                                          bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
             self._template_key = key
-        return _clone_model(self._template, blank).to(self.torch_device)
+        model = _clone_model(self._template, blank).to(self.torch_device)
+        drop_model_file_pages(self._template)
+        return model
 
     def _build_engine(self, blank: bool = False) -> None:
         from dynaresize.rollout.engine import RolloutEngine
