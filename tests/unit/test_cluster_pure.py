@@ -107,3 +107,13 @@ def test_an_address_where_nothing_listens_is_refused_at_once() -> None:
     with pytest.raises(ConfigError, match="no Ray cluster answers there"):
         check_reachable(f"{LOOPBACK}:{port}")  # closed now
     check_reachable("auto")  # left to Ray
+
+
+def test_device_processes_get_the_allocator_settings() -> None:
+    """Bounded arenas and a fixed mmap threshold (docs/faults.md, memory), whatever the
+    network: large freed tensors go back to the OS instead of staying in an arena."""
+    from dynaresize.devices.network import MMAP_THRESHOLD_BYTES, base_env, loopback_env
+
+    for env in (base_env(), loopback_env()):
+        assert env["MALLOC_ARENA_MAX"] == "2"
+        assert int(env["MALLOC_MMAP_THRESHOLD_"]) == MMAP_THRESHOLD_BYTES <= 4 * 2**20

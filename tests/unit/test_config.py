@@ -136,3 +136,11 @@ def test_the_policy_registry_builds_each_name_and_refuses_others() -> None:
     with pytest.raises(ConfigError) as info:
         check_policy(cfg)
     assert info.value.field_name == "controller.policy" and "hysteresis" in str(info.value)
+
+
+def test_gradient_checkpointing_needs_the_exact_path() -> None:
+    assert load_config(None, ["train.gradient_checkpointing=true"]).train.gradient_checkpointing
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["train.gradient_checkpointing=true", "train.exact_reduction=false"])
+    assert "train.gradient_checkpointing" in str(info.value)
+    assert "exact_reduction" in str(info.value)

@@ -63,3 +63,15 @@ def test_one_rank_replica_is_the_shards_and_updates_bitwise_as_a_copy(group: obj
     train(copied, 2)
     assert shares_storage(shared)  # AdamW wrote in place; the replica still reads the shards
     assert shared.param_checksum() == copied.param_checksum()
+
+
+def test_gradient_checkpointing_recomputes_and_updates_bitwise_the_same(group: object) -> None:
+    plain = FSDPTrainer(make_model, EXACT, group, generation=3)
+    recomputed = FSDPTrainer(make_model, dataclasses.replace(EXACT, gradient_checkpointing=True),
+                             group, generation=4)
+    assert recomputed.exact is not None and plain.exact is not None
+    assert recomputed.exact.replica.is_gradient_checkpointing
+    assert not plain.exact.replica.is_gradient_checkpointing
+    train(plain, 2)
+    train(recomputed, 2)
+    assert plain.param_checksum() == recomputed.param_checksum()

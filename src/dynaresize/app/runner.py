@@ -71,6 +71,29 @@ def _start_ray(cfg: Config, address: str | None, progress: Progress) -> bool:
     return ensure_ray(address, num_cpus=max(cfg.num_devices * cfg.devices.threads_per_device, 2))
 
 
+def _new_pool(cfg: Config) -> Any:
+    """A DevicePool of `cfg`'s devices on the Ray cluster joined by `_start_ray`."""
+    from dynaresize.devices.ray_device import DevicePool
+
+    return DevicePool(cfg.num_devices, cfg.devices.type, cfg.devices.threads_per_device,
+                      cfg.faults.timeout_s, cfg.ray.placement, cfg.ray.placement_timeout_s,
+                      cfg.devices.gpus_per_device)
+
+
+def _free_devices(evaluator: Any, pool: Any, own_pool: bool) -> Any:
+    """Before the driver reads the final weights (a full copy): stop the evaluation worker
+    and the device processes of a pool this run started, and wait for them to be gone, so
+    that copy never adds to their memory (docs/faults.md, memory). Returns the pool left to
+    release (one shared by several runs), else None."""
+    from dynaresize.evaluation.worker import stop_ray_evaluator
+
+    stop_ray_evaluator(evaluator)
+    if not own_pool:
+        return pool
+    pool.shutdown(wait_s=SHUTDOWN_WAIT_S)
+    return None
+
+
 def _without_done_schedule(cfg: Config, num_done: int) -> Config:
     """A copy of `cfg` whose `[[resize.schedule]]` lacks the steps a resume already did."""
     return replace(cfg, resize=replace(
@@ -119,6 +142,11 @@ def _resume_point(cfg: Config, out_dir: str | Path | None, resume: bool,
     return _without_done_schedule(cfg, resume_from[1].num_steps), resume_from
 
 
+SHUTDOWN_WAIT_S = 30.0
+"""After the last step, how long the driver waits for the device processes to end before it
+reads the final weights."""
+
+
 def _write_final_model(cfg: Config, versions: Any, run_dir: Path | None) -> None:
     """The last version's weights (`output.save_model`) and its HF export
     (`run.export_every`) in the run directory."""
@@ -145,7 +173,6 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     `chaos(devices, pool)`: called once the run's devices exist (the live chaos campaign's
     trap, `app.chaos_live`)."""
     from dynaresize.app.metric_sinks import make_sinks
-    from dynaresize.devices.ray_device import DevicePool
     from dynaresize.devices.settings import DeviceSettings
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.orchestrator import Orchestrator
@@ -164,10 +191,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     try:
         if own_pool:
             started_ray = _start_ray(cfg, address, progress)
-            pool = DevicePool(cfg.num_devices, cfg.devices.type,
-                              cfg.devices.threads_per_device, cfg.faults.timeout_s,
-                              cfg.ray.placement, cfg.ray.placement_timeout_s,
-                              cfg.devices.gpus_per_device)
+            pool = _new_pool(cfg)
         rundir.place(pool.node_of)
         assert pool.num_devices == cfg.num_devices
         alloc = Allocation.initial(cfg.allocation.num_rollout_devices,
@@ -207,6 +231,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
                        device_nodes=[pool.node_of[i] for i in range(pool.num_devices)],
                        **_eval_summary(evaluator), **injector.summary(orch.recovery.records))
         rundir.summary(summary)
+        pool, evaluator = _free_devices(evaluator, pool, own_pool), None
         _write_final_model(cfg, orch.versions, rundir.path)
         return summary
     finally:

@@ -157,6 +157,9 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
     _positive("train.clip_eps", m.clip_eps)
     _non_negative("train.kl_coef", m.kl_coef)
     _non_negative("train.max_grad_norm", m.max_grad_norm)
+    if m.gradient_checkpointing and not m.exact_reduction:
+        raise ConfigError("train.gradient_checkpointing", True,
+                          "needs train.exact_reduction = true (it applies to the exact path)")
     _validate_loss(cfg)
     _positive("allocation.num_rollout_devices", a.num_rollout_devices)
     _positive("allocation.num_train_devices", a.num_train_devices)

@@ -94,6 +94,8 @@ class DeviceActor:
             init_world(backend, store, self.rank_of, index, pg_timeout_s)
         self.groups: dict[tuple[int, ...], Any] = {}
         self.group_creations = 0
+        self._trim_due = False
+        """A load_weights since the last `release_free_memory` (run_rollout does it)."""
         self.engine: Engine | None = None
         self.trainer: Any = None
         self._next_trainer: Any = None
@@ -129,7 +131,10 @@ class DeviceActor:
         initialisation, which takes ~0.1 s where a random init of 100M parameters takes
         1.5-7 s on one thread: the new trainers of a reshard and the engine of a device that
         starts serving are built on a resize's critical path. `blank`: parameters left
-        uninitialised, for a model whose every parameter is overwritten next."""
+        uninitialised, for a model whose every parameter is overwritten next. A template
+        memory-mapped from its safetensors file leaves this process's resident memory after
+        each copy (`devices.file_pages`: its pages stay in the page cache, unchanged)."""
+        from dynaresize.devices.file_pages import drop_model_file_pages
         from dynaresize.models import build_model
 
         settings = self._settings()
@@ -139,7 +144,9 @@ class DeviceActor:
             self._template = build_model(settings.model, tok.vocab_size, eos_token_id=tok.eos_id,
                                          bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
             self._template_key = key
-        return _clone_model(self._template, blank).to(self.torch_device)
+        model = _clone_model(self._template, blank).to(self.torch_device)
+        drop_model_file_pages(self._template)
+        return model
 
     def _build_engine(self, blank: bool = False) -> None:
         from dynaresize.rollout.engine import RolloutEngine
@@ -288,14 +295,18 @@ class DeviceActor:
         if self.engine is None:
             self._build_engine(blank=True)  # load_weights overwrites every parameter (strict)
         self._engine().load_weights(state_dict, version)
+        self._trim_due = True  # the received copy is freed once this call returns
+
+    def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Any]:
+        if self._trim_due:  # after a load_weights: hand its freed copy's pages back
+            self._trim_due = False
+            release_free_memory()
+        return self._engine().run(max_s, until_empty)
 
     def submit(self, items: list[Any]) -> None:
         engine = self._engine()
         for item in items:
             engine.add(item)
-
-    def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Any]:
-        return self._engine().run(max_s, until_empty)
 
     def export_inflight(self) -> list[Any]:
         return self.engine.export_inflight() if self.engine is not None else []

@@ -19,12 +19,21 @@ _SIOCGIFADDR = 0x8915
 """Linux ioctl: the IPv4 address of an interface."""
 
 
+MMAP_THRESHOLD_BYTES = 2**20
+"""`MALLOC_MMAP_THRESHOLD_`: every allocation of at least this size is its own mapping."""
+
+
 def base_env() -> dict[str, str]:
     """Environment of every device process, whatever the network. `MALLOC_ARENA_MAX`: glibc
     gives each of a Ray worker's ~30 threads an arena (up to 8 per core), and the memory
-    freed in one is not reused by the others (docs/faults.md, memory)."""
+    freed in one is not reused by the others. `MALLOC_MMAP_THRESHOLD_` (fixed, 1 MiB): glibc
+    otherwise raises it up to 32 MiB as it frees large blocks, after which a layer's tensors
+    (1-5 MB) come from the arenas and stay resident once freed (a backward's gradients, a
+    received state dict: ~0.7 GB measured per training step); mapped, they go back to the
+    OS when freed (docs/faults.md, memory)."""
     return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false",
-            "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+            "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2",
+            "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
 
 
 def is_loopback(host: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
@@ -264,13 +265,20 @@ class DevicePool:
         assert len(roles) == self.num_devices
         return [RayDevice(i, a, settings, roles[i]) for i, a in enumerate(self.actors)]
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = 0.0) -> None:
+        """End every device process; `wait_s`: wait up to that long for those on this
+        machine to be gone (their memory free)."""
         import ray
 
+        local = [h.pid for i, h in enumerate(getattr(self, "hosts", []))
+                 if self._on_this_machine(i)] if wait_s > 0 else []
         for a in self.actors:
             ray.kill(a, no_restart=True)
         self.actors = []
         self.placement.remove()
+        deadline = time.monotonic() + wait_s
+        while any(_process_alive(pid) for pid in local) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _process_alive(pid: int) -> bool:

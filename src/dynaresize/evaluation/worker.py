@@ -1,15 +1,21 @@
 """The process behind evaluation: a greedy engine over the held-out set (torch, no Ray).
 
 `EvalWorker(cfg_dict)` builds the task and the version-0 model like a device does;
-`evaluate(version, state_dict)` loads a published version (None: version 0), generates one
+`evaluate(version, state_dict)` takes a published version (None: version 0), generates one
 greedy response per held-out prompt (`greedy_generate`: left-padded batches, one prefill per
 batch; measured ~3x faster than per-request prefill on 64 prompts), scores it with the task's
 reward and returns `evaluation.score_responses` plus a few decoded examples. The runner hosts
 it in a Ray actor of its own (`start_ray_evaluator`).
+
+Memory (docs/faults.md, memory): the model's parameters are the received tensors themselves
+(`load_state_dict(assign=True)`: no second copy), and between evaluations the worker holds
+no weights (`release_weights`: parameters on the meta device, free pages handed back); an
+evaluation of version 0 after that rebuilds the model. Neither changes a result.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -58,22 +64,56 @@ class EvalWorker:
         self.cfg = config_from_dict(cfg_dict)
         self.task: Any = make_task(self.cfg)
         tok = self.task.tokenizer
-        self.model = build_model(self.cfg.model, tok.vocab_size, eos_token_id=tok.eos_id,
-                                 bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
-        self.model.requires_grad_(False)
-        self.version = 0
+        self._build = functools.partial(build_model, self.cfg.model, tok.vocab_size,
+                                        eos_token_id=tok.eos_id, bos_token_id=tok.bos_id,
+                                        pad_token_id=tok.pad_id)
+        self.model = self._build().requires_grad_(False)
+        self.version: int | None = 0
+        """The version the model's parameters hold; None: released (`release_weights`)."""
         self.prompts = self.task.eval_prompts(self.cfg.eval.num_prompts, self.cfg.run.seed)
 
-    def evaluate(self, version: int, state_dict: dict[str, Any] | None) -> dict[str, Any]:
+    def release_weights(self) -> None:
+        """Let go of the parameters (each becomes a meta tensor of its shape, so the next
+        `load_state_dict(assign=True)` fits) and hand the freed pages back to the OS. The
+        runner calls it once more after `evaluate` returns: only then are the received
+        weights (the call's argument) freed."""
         import torch
 
-        t0 = time.perf_counter()
+        from dynaresize.devices.actor import release_free_memory
+
+        if self.version is not None:
+            for module in self.model.modules():
+                for name, param in list(module.named_parameters(recurse=False)):
+                    module.register_parameter(name, torch.nn.Parameter(
+                        torch.empty_like(param, device="meta"), requires_grad=False))
+            self.version = None
+        release_free_memory()
+
+    def load_version(self, version: int, state_dict: dict[str, Any] | None) -> None:
+        """Make the model hold `version`: the received tensors become its parameters (tied
+        weights arrive as one tensor under both keys and stay tied); version 0 without
+        weights rebuilds the model if it was released."""
         if state_dict is not None:
-            with torch.no_grad():
-                self.model.load_state_dict(state_dict, strict=True)
-            self.version = version
-        elif version != self.version:
+            from dynaresize.devices.actor import release_free_memory
+
+            self.model.load_state_dict(state_dict, strict=True, assign=True)
+            self.model.requires_grad_(False)
+            release_free_memory()  # what receiving the weights left free (~0.4 GB measured)
+        elif version != 0:
             raise ValueError(f"evaluation of version {version} got no weights")
+        elif self.version != 0:
+            self.model = self._build().requires_grad_(False)
+        self.version = version
+
+    def evaluate(self, version: int, state_dict: dict[str, Any] | None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.load_version(version, state_dict)
+        try:
+            return self._evaluate(t0)
+        finally:
+            self.release_weights()
+
+    def _evaluate(self, t0: float) -> dict[str, Any]:
         tok = self.task.tokenizer
         cap = self.cfg.eval.max_new_tokens or self.cfg.task.max_new_tokens
         responses = greedy_generate(self.model, [tuple(p.tokens) for p in self.prompts], cap,
@@ -111,7 +151,12 @@ def start_ray_evaluator(cfg: Any, log: Any = None, warn: Any = None) -> Any:
                                                           cfg.devices.threads_per_device)
 
     async def run_eval(version: int, weights: Any) -> dict[str, Any]:
-        return await actor.evaluate.remote(version, weights)
+        result = await actor.evaluate.remote(version, weights)
+        try:  # the weights (the call's argument) are freed now: hand their pages back
+            await actor.release_weights.remote()
+        except Exception:  # noqa: BLE001 (memory only: a worker gone now costs nothing here)
+            pass
+        return result
 
     evaluator = Evaluator(cfg.eval.every, cfg.run.steps, run_eval, log, warn)
     evaluator.actor = actor  # type: ignore[attr-defined]

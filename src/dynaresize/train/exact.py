@@ -54,6 +54,9 @@ COMBINE_BUDGET_BYTES = 256 * 2**20
 (one row at least): the buffer was [M, P] fp32, M micro-batches, 8.6 GB for 16 micro-batches of
 SmolLM2-135M on every training rank; now one [P] row (540 MB) for it."""
 
+BROADCAST_CHUNK = 16 * 2**20
+"""Elements per broadcast when a one-row block is added to the sum (64 MiB of fp32)."""
+
 
 @dataclass
 class HeldGradients:
@@ -211,10 +214,13 @@ class ExactReducer:
         touched. Past the checks the held gradients are CONSUMED (their tensors become the
         all-reduce buffers and the sum, not copied): the holdings are empty afterwards."""
         m_count, held = num_micro_batches, self.held
-        flags = torch.zeros(m_count + 4, dtype=torch.int64, device=self.device)
+        flags = torch.zeros(2 * m_count + 4, dtype=torch.int64, device=self.device)
         if held is not None:
+            me = dist.get_rank(self.group) + 1
             for m in held.grads:
                 flags[min(m, m_count)] += 1
+                if m < m_count:  # who holds m (group rank + 1), once the checks pass
+                    flags[m_count + 4 + m] += me
             flags[m_count + 1] = int(held.step != step)
             flags[m_count + 2] = int(held.optimizer_step != optimizer_step)
             flags[m_count + 3] = sum(int(held.stats[m][2]) for m in held.grads)
@@ -231,20 +237,28 @@ class ExactReducer:
         total_stats = ordered_sum(stats)
         if check_stats is not None:
             check_stats(total_stats)
-        return self._combine_grads(rows), total_stats
+        holders = {m: counts[m_count + 4 + m] - 1 for m in rows}
+        return self._combine_grads(rows, holders), total_stats
 
-    def _combine_grads(self, rows: list[int]) -> torch.Tensor:
+    def _combine_grads(self, rows: list[int],
+                       holders: dict[int, int] | None = None) -> torch.Tensor:
         """g_rows[0] + g_rows[1] + ... in index order, all-reduced in blocks of at most
         `COMBINE_BUDGET_BYTES` (one row at least): the same adds in the same order as one
         [M, P] buffer (bitwise), in a bounded buffer whatever the number of micro-batches.
-        Consumes the holdings: a held row is taken out of them as it is added (a one-row block
-        all-reduces the held tensor itself, and the first row becomes the sum), so the held
-        gradients are not copied and their memory goes as the sum proceeds."""
+        Consumes the holdings: a held row is taken out of them as it is added, so the held
+        gradients are not copied and their memory goes as the sum proceeds. A one-row block
+        (a model above the budget) is broadcast from its holder (`holders`: row -> group
+        rank) instead: an all-reduce of it adds only zeros to the holder's value, so the
+        bits are the same, without a [P] buffer of zeros on every other rank; the first row
+        becomes the sum, the next ones are added to it in `BROADCAST_CHUNK` pieces."""
         block = max(1, COMBINE_BUDGET_BYTES // (4 * self.num_params))
         held = self.held.grads if self.held is not None else {}
         total: torch.Tensor | None = None
         for start in range(0, len(rows), block):
             part = rows[start:start + block]
+            if len(part) == 1 and holders is not None:
+                total = self._add_broadcast(total, held.pop(part[0], None), holders[part[0]])
+                continue
             if len(part) == 1:  # the row itself is the buffer: x + 0 + ... + 0 == x
                 grads = held.pop(part[0], None)
                 if grads is None:
@@ -265,6 +279,24 @@ class ExactReducer:
                     total += row
             del grads, row  # a buffer goes before the next one is made
         assert total is not None
+        return total
+
+    def _add_broadcast(self, total: torch.Tensor | None, row: torch.Tensor | None,
+                       holder: int) -> torch.Tensor:
+        """`total` + the row group rank `holder` holds (`row` there, None elsewhere), on every
+        rank; the row itself (holder) or a received copy when `total` is None."""
+        if total is None:
+            if row is None:
+                row = torch.empty(self.num_params, dtype=torch.float32, device=self.device)
+            dist.broadcast(row, group=self.group, group_src=holder)
+            return row
+        buf = None if row is not None else torch.empty(
+            min(BROADCAST_CHUNK, self.num_params), dtype=torch.float32, device=self.device)
+        for a in range(0, self.num_params, BROADCAST_CHUNK):
+            b = min(a + BROADCAST_CHUNK, self.num_params)
+            piece = row[a:b] if row is not None else buf[:b - a]  # type: ignore[index]
+            dist.broadcast(piece, group=self.group, group_src=holder)
+            total[a:b] += piece
         return total
 
     @staticmethod

@@ -89,6 +89,8 @@ class FSDPTrainer(ShardedState):
         model = model_factory().to(self.device)
         reference = copy.deepcopy(model) if config.kl_coef > 0 else None
         replica = copy.deepcopy(model) if config.exact_reduction else None
+        if replica is not None and config.gradient_checkpointing:  # same values, less memory
+            replica.gradient_checkpointing_enable({"use_reentrant": False})
         self.model = _shard(model, self.mesh)
         self.ref_model: nn.Module | None = None
         self.exact: ExactReducer | None = None
