@@ -22,7 +22,9 @@ def _save_model(handle: Any, path: Path) -> None:
     import ray
     import torch
 
-    torch.save(ray.get(handle), path)
+    from dynaresize.devices.weights_wire import from_wire
+
+    torch.save(from_wire(ray.get(handle)), path)
 
 
 def export_version(cfg: Config, versions: Any, run_dir: Path) -> Path:
@@ -31,11 +33,12 @@ def export_version(cfg: Config, versions: Any, run_dir: Path) -> Path:
     import ray
 
     from dynaresize.app.export import export_model
+    from dynaresize.devices.weights_wire import from_wire
 
     version = versions.latest
     out = run_dir / "export" / f"version-{version:05d}"
     if not out.is_dir():
-        export_model(cfg, ray.get(versions.get(version)), out)
+        export_model(cfg, from_wire(ray.get(versions.get(version))), out)
     return out
 
 
@@ -51,7 +54,9 @@ class RayWeightIO:
         import ray
         import torch
 
-        return ray.put(torch.load(path, weights_only=True))
+        from dynaresize.devices.weights_wire import to_wire
+
+        return ray.put(to_wire(torch.load(path, weights_only=True)))
 
 
 class RunStopped(RuntimeError):

@@ -287,6 +287,9 @@ class DeviceActor:
     def load_weights(self, version: int, state_dict: dict[str, Any] | None) -> None:
         """Install `version`; None means the initial weights (version 0, rebuilt from the
         model factory, identical on every device)."""
+        from dynaresize.devices.weights_wire import from_wire
+
+        state_dict = from_wire(state_dict)  # views of the object store's pages: no copy
         if state_dict is None:
             if version != 0:
                 raise ValueError(f"no weights given for version {version}")
@@ -335,7 +338,9 @@ class DeviceActor:
 
     def publish_weights(self, version: int) -> tuple[bool, dict[str, Any] | None]:
         """Collective over the training group; returns (done, full state on group rank 0)."""
-        return True, self.trainer.full_state_dict()
+        from dynaresize.devices.weights_wire import to_wire
+
+        return True, to_wire(self.trainer.full_state_dict())  # out-of-band: no pickle copy
 
     def param_checksum(self) -> tuple[float, str]:
         return self.trainer.param_checksum()

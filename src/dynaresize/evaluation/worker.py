@@ -95,8 +95,10 @@ class EvalWorker:
         weights rebuilds the model if it was released."""
         if state_dict is not None:
             from dynaresize.devices.actor import release_free_memory
+            from dynaresize.devices.weights_wire import from_wire
 
-            self.model.load_state_dict(state_dict, strict=True, assign=True)
+            # the parameters become read-only views of the object store's pages (no copy)
+            self.model.load_state_dict(from_wire(state_dict), strict=True, assign=True)
             self.model.requires_grad_(False)
             release_free_memory()  # what receiving the weights left free (~0.4 GB measured)
         elif version != 0:
