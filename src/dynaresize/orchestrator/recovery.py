@@ -215,9 +215,14 @@ class Recovery:
         ranks = {d.index: r for r, d in enumerate(survivors)}
         store = self.new_store()
         restore = self.train_state_lost
-        await asyncio.gather(*(d.rebuild_world(store, ranks, state.allocation.train,
-                                               state.optimizer_step, not restore)
-                               for d in survivors))
+        # every survivor's call ends (done, or failed within faults.timeout_s) before a
+        # retry: one still waiting in this rendezvous would miss the next one's (found live)
+        done = await asyncio.gather(*(d.rebuild_world(store, ranks, state.allocation.train,
+                                                      state.optimizer_step, not restore)
+                                      for d in survivors), return_exceptions=True)
+        for result in done:
+            if isinstance(result, BaseException):
+                raise result
         num_replayed = await self._restore_train_state() if restore else 0
         await self._serve_again()
         t1 = self.clock.now()
