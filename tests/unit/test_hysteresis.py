@@ -11,7 +11,7 @@ import pytest
 from dynaresize.control.base import RunView, StepTiming
 from dynaresize.control.hysteresis.controller import HysteresisController, HysteresisParams
 from dynaresize.control.hysteresis.model import streamed_dev_s
-from dynaresize.control.hysteresis.split import donor_region, trust_region
+from dynaresize.control.hysteresis.split import deep_donor_region, donor_region, trust_region
 from dynaresize.control.rollout_width import width_slope
 from dynaresize.core.allocation import Allocation
 
@@ -52,6 +52,11 @@ def test_one_move_at_most_doubles_or_halves_either_stage() -> None:
     # staleness >= 1: only the stage that gives devices keeps half (the model bounds the rest)
     assert donor_region(8, 2) == (1, 5)
     assert donor_region(128, 25) == (13, 76)
+    # staleness >= 2: it keeps three quarters (a move applies at once), one device always
+    assert deep_donor_region(40, 15) == (12, 21)   # R >= 12, T >= 19
+    assert deep_donor_region(32, 15) == (12, 19)
+    assert deep_donor_region(8, 2) == (1, 3)       # a quarter of 2 rounds to none: one moves
+    assert deep_donor_region(4, 3) == (2, 3)
 
 
 def test_rollout_seconds_that_do_not_divide_with_the_width_are_learned() -> None:
@@ -315,8 +320,9 @@ def test_staleness_2_charges_no_tail_seconds_per_engine() -> None:
     """Staleness >= 2: a step's tail runs beside the s later steps' runs (the pipeline is
     s + 1 deep), so its seconds per engine are not on the step's pace (`DEEP_TAIL_SHARE`).
     The numbers above: at staleness 1, max(200/R + 75, 960/(16 - R)) moves one engine; at
-    staleness 2, max(200/R, 960/(16 - R)) is 80 s at R = 4 (the donor keeps half), 120 s
-    now: four engines go to training."""
+    staleness 2, max(200/R, 960/(16 - R)) is 80 s at R = 4, 120 s now, but one change
+    leaves the donor three quarters (`deep_donor_region`): two engines go to training
+    (96 s at R = 6)."""
     def decide(staleness: int) -> list[tuple[str, int]]:
         ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0))
         hist = [StepTiming(0, 150.0, 120.0, 1000, 8, 8, train_device_s=960.0,
@@ -327,4 +333,4 @@ def test_staleness_2_charges_no_tail_seconds_per_engine() -> None:
         return pairs(moves)
 
     assert decide(1) == [("rollout->train", 1)]
-    assert decide(2) == [("rollout->train", 4)]
+    assert decide(2) == [("rollout->train", 2)]

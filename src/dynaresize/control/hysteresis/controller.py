@@ -15,7 +15,8 @@ when lending.
 Decisions (streaming training on, `streams_training`):
 - inter-step (`at_step_start`): the split in the trust region (staleness 0,
   `split.trust_region`: neither stage more than doubles or halves; staleness >= 1,
-  `split.donor_region`: the stage giving devices keeps half) that minimises the
+  `split.donor_region`: the stage giving devices keeps half; staleness >= 2,
+  `split.deep_donor_region`: three quarters) that minimises the
   predicted step time; applied only if it beats the current split by more than the
   `band`, saves over `horizon_steps` more than `cost_margin` x a resize's cost, and the
   last change is at least `min_dwell_steps` old (or the lending mode just changed: the
@@ -32,7 +33,12 @@ from dynaresize.config import Config
 from dynaresize.control.base import Controller, Move, RunView
 from dynaresize.control.hysteresis.lend import Lending
 from dynaresize.control.hysteresis.model import HysteresisParams, StageModel
-from dynaresize.control.hysteresis.split import donor_region, moves_to, trust_region
+from dynaresize.control.hysteresis.split import (
+    deep_donor_region,
+    donor_region,
+    moves_to,
+    trust_region,
+)
 
 __all__ = ["HysteresisController", "HysteresisParams"]
 
@@ -97,7 +103,9 @@ class HysteresisController(Controller):
 
         # Staleness >= 1 (max of the stages): the stage that receives devices cannot get
         # slower than now, the one that gives them stays where its fit holds.
-        lo, hi = (trust_region if view.staleness == 0 else donor_region)(n, base)
+        region = trust_region if view.staleness == 0 else (
+            donor_region if view.staleness < 2 else deep_donor_region)
+        lo, hi = region(n, base)
         best = min(range(lo, hi + 1), key=lambda k: (predict_s(k), abs(k - base)))
         now_s = predict_s(base)
         gain_s = now_s - predict_s(best)

@@ -29,6 +29,23 @@ def donor_region(num_devices: int, base: int) -> tuple[int, int]:
     return max(1, math.ceil(base / f)), num_devices - math.ceil(t / f)
 
 
+DEEP_DONOR_KEEP = (3, 4)
+"""Staleness >= 2: the share (numerator, denominator) of its devices the stage that gives
+devices keeps in one change (`deep_donor_region`)."""
+
+
+def deep_donor_region(num_devices: int, base: int) -> tuple[int, int]:
+    """`donor_region` at staleness >= 2: the giving stage keeps `DEEP_DONOR_KEEP` (3/4) of
+    its devices (one may always move). A resize there takes engines where they are and
+    applies at once (`Resizer.deep`), and the model charges no tail
+    (`model.DEEP_TAIL_SHARE`), so a wrong prediction costs the whole move from the next
+    step on (unseen drift, 40 GPUs, s = 2: 15 -> 9 rollout devices in one change, 0.998x
+    the best static split; 12 at most now: 1.138x; docs/controller.md)."""
+    t, (keep, of) = num_devices - base, DEEP_DONOR_KEEP
+    return (max(1, min(base - 1, -(-keep * base // of))),
+            min(num_devices - 1, max(base + 1, num_devices - (-(-keep * t // of)))))
+
+
 def moves_to(num_rollout: int, target: int, blocking: bool = False) -> list[Move]:
     """The move from `num_rollout` rollout devices to `target` (none if equal)."""
     if target > num_rollout:
