@@ -41,10 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults import audit, param_diff  # noqa: E402
 from policies import write_block  # noqa: E402  (bench/ is not a package)
 
+from dynaresize.app.chaos_live import RESIZE  # noqa: E402
+
 BASE = ["run.steps=4", "task.prompts_per_step=4", "task.samples_per_prompt=4",
         "task.max_new_tokens=12", "train.micro_batch_size=2", "output.progress='plain'",
         "rollout.slice_s=0.05", "rollout.max_running_requests=4", "output.save_model=true"]
-RESIZE = "resize.schedule=[{step=1, at='start', move='rollout->train', num_devices=1}]"
 
 
 def draw(seed: int) -> tuple[list[str], list[dict[str, Any]]]:
@@ -79,8 +80,7 @@ TOTALS = ("survived", "deaths", "lost", "duplicated", "wrong_version", "tokens_c
 
 def cell(row: dict[str, Any], key: str) -> str:
     if key == "variant":
-        return ", ".join(v.replace("resize.schedule=[{step=1, at='start', move='rollout->train'"
-                                   ", num_devices=1}]", "resize at step 1")
+        return ", ".join(v.replace(RESIZE, "resize at step 1")
                          for v in row["variant"]).replace("run.", "")
     if key == "kills" and isinstance(row["kills"], str):
         return row["kills"]
@@ -89,9 +89,13 @@ def cell(row: dict[str, Any], key: str) -> str:
     return str(row[key])
 
 
+def totals(rows: list[dict[str, Any]]) -> dict[str, int]:
+    return {k: sum(r[k] for r in rows) for k in TOTALS}
+
+
 def render(rows: list[dict[str, Any]], engine: str, mode: str) -> str:
     """The campaign's markdown: a summary line and a line per trial."""
-    total = {k: sum(r[k] for r in rows) for k in TOTALS}
+    total = totals(rows)
     how = ("deaths in every phase, trapped on the run's devices (streamed, pipelined)"
            if mode == "trap" else "random `[[faults.kill]]` (unpipelined)")
     head = (f"**Live random deaths, {engine} engine, {mode} mode** (`python bench/chaos_live.py "
@@ -113,9 +117,6 @@ def render(rows: list[dict[str, Any]], engine: str, mode: str) -> str:
     return "\n".join([head, "", *lines, *([""] + notes if notes else [])])
 
 
-def write(rows: list[dict[str, Any]], engine: str, mode: str) -> None:
-    name = f"chaos-live-{engine}-{mode}"
-    write_block(f"<!-- {name}:start -->", f"<!-- {name}:end -->", render(rows, engine, mode))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,16 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", nargs="+", metavar="FILE",
                         help="render the trials of these --json files instead of running")
     args = parser.parse_args(argv)
+    rows = [r for f in args.from_json for r in json.loads(Path(f).read_text())] \
+        if args.from_json else campaign(args)
+    text = render(rows, args.engine, args.mode)
     if args.from_json:
-        rows = [r for f in args.from_json for r in json.loads(Path(f).read_text())]
-        print(render(rows, args.engine, args.mode))
-        if args.write:
-            write(rows, args.engine, args.mode)
-        return 0 if all(r["survived"] for r in rows) else 1
-    rows = campaign(args)
+        print(text)
     if args.write:
-        write(rows, args.engine, args.mode)
-    total = {k: sum(r[k] for r in rows) for k in TOTALS}
+        name = f"chaos-live-{args.engine}-{args.mode}"
+        write_block(f"<!-- {name}:start -->", f"<!-- {name}:end -->", text)
+    total = totals(rows)
     print(f"{args.engine}: {len(rows)} trials, {json.dumps(total)}")
     return 0 if total["survived"] == len(rows) else 1
 

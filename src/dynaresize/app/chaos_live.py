@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dynaresize.core.types import Role
-from dynaresize.sim.chaos import FIRST_PHASES, PHASES, VICTIMS, Death, Trap
+from dynaresize.sim.chaos import FIRST_PHASES, VICTIMS, Death, Trap
 
 MIN_ALIVE = 2
 """Live devices left by any trial (the run's recovery needs a device in each pool)."""
@@ -148,5 +148,3 @@ def describe(deaths: tuple[Death, ...], fired: list[int | None]) -> str:
                              " -> spared" if dev < 0 else f" -> dev {dev}"))
     return "; ".join(parts)
 
-
-__all__ = ["PHASES", "LiveTrap", "describe", "draw_live"]

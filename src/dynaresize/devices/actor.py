@@ -298,7 +298,7 @@ class DeviceActor:
         if self.engine is None:
             self._build_engine(blank=True)  # load_weights overwrites every parameter (strict)
         self._engine().load_weights(state_dict, version)
-        self._trim_due = True  # the received copy is freed once this call returns
+        self._trim_due = True  # what receiving left free (in-band tensors: a copy)
 
     def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Any]:
         if self._trim_due:  # after a load_weights: hand its freed copy's pages back

@@ -100,7 +100,7 @@ class EvalWorker:
             # the parameters become read-only views of the object store's pages (no copy)
             self.model.load_state_dict(from_wire(state_dict), strict=True, assign=True)
             self.model.requires_grad_(False)
-            release_free_memory()  # what receiving the weights left free (~0.4 GB measured)
+            release_free_memory()  # what receiving left free (in-band tensors: ~0.4 GB)
         elif version != 0:
             raise ValueError(f"evaluation of version {version} got no weights")
         elif self.version != 0:

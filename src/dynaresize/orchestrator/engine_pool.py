@@ -210,7 +210,6 @@ class EnginePool:
         """The newest step's highest-index engine leaves it (its requests migrate to the
         others), loads the previous version and finishes the previous step's requests."""
         try:
-            newest, donors = self.run, []
             waited_s = 0.0
             while True:  # every rollout engine died: recovery refills the pool (a trainer
                 newest = self.run  # reassigned, `repair_soon`) and the newest run gets it
