@@ -59,3 +59,16 @@ def test_ordered_sum_and_clip() -> None:
     grad = torch.tensor([3.0, 4.0])
     assert scale_and_clip_(grad, 10, 1.0) == pytest.approx(0.5) and grad.tolist() == \
         pytest.approx([0.3, 0.4])
+
+
+def test_float64_norm_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynaresize.train import exact
+
+    gen = torch.Generator().manual_seed(3)
+    vector = torch.randn(10_007, generator=gen) * 1e-3
+    whole = float(torch.linalg.vector_norm(vector, dtype=torch.float64))
+    monkeypatch.setattr(exact, "NORM_CHUNK", 1000)  # 11 pieces, the last a short one
+    pieces = exact.float64_norm(vector)
+    assert pieces == pytest.approx(whole, rel=1e-13)  # float64 accumulation: ~1e-16 apart
+    assert exact.float64_norm(vector.clone()) == pieces  # a fixed order: the same bits
+    assert exact.float64_norm(torch.zeros(0)) == 0.0

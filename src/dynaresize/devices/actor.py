@@ -340,7 +340,7 @@ class DeviceActor:
         """Collective over the training group; returns (done, full state on group rank 0)."""
         from dynaresize.devices.weights_wire import to_wire
 
-        return True, to_wire(self.trainer.full_state_dict())  # out-of-band: no pickle copy
+        return True, to_wire(self.trainer.publish_state())  # out-of-band, no copy before it
 
     def param_checksum(self) -> tuple[float, str]:
         return self.trainer.param_checksum()

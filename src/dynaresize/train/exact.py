@@ -36,6 +36,7 @@ models (CPU).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -171,6 +172,17 @@ class ExactReducer:
         self.replica.zero_grad(set_to_none=True)
         flat[flat == 0] = 0.0  # -0.0 -> +0.0: a sum with other ranks' zeros would flip it
         return flat, stats
+
+    def replica_state(self) -> dict[str, torch.Tensor]:
+        """The replica's state dict, its own tensors (tied weights one tensor under each key):
+        the current full parameters while `fresh`. Local, no copy."""
+        detached: dict[int, torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {}
+        for name, value in self.replica.state_dict(keep_vars=True).items():
+            if id(value) not in detached:
+                detached[id(value)] = value.detach()
+            out[name] = detached[id(value)]
+        return out
 
     def take(self) -> HeldGradients | None:
         held, self.held = self.held, None
@@ -355,13 +367,30 @@ class ExactReducer:
         self.fresh = True
 
 
+NORM_CHUNK = 2**20
+"""Elements per float64 piece of `float64_norm` (8 MiB)."""
+
+
+def float64_norm(vector: torch.Tensor) -> float:
+    """The 2-norm of a 1-D float32 `vector` accumulated in float64, without a float64 copy of
+    the whole vector (torch's `vector_norm(dtype=float64)` makes one: 1 GiB for SmolLM2-135M's
+    gradient, on every training rank at once): each `NORM_CHUNK` piece's float64 sum of
+    squares, the pieces added in index order. A fixed order of fixed operations, so the same
+    bits on every rank for the same vector (the exact path's full gradient is)."""
+    total = 0.0
+    for start in range(0, vector.numel(), NORM_CHUNK):
+        piece = vector[start:start + NORM_CHUNK].to(torch.float64)
+        total += float(piece.square_().sum())
+    return math.sqrt(total)
+
+
 def scale_and_clip_(grad: torch.Tensor, global_num_tokens: int, max_norm: float) -> float:
     """In place: grad / global_num_tokens (the loss's normaliser, `forward.loss_denominator`),
     then clipped to `max_norm` (0: no clipping) like
     `torch.nn.utils.clip_grad_norm_` (coefficient max_norm / (norm + 1e-6) if below 1).
     Returns the norm before clipping (float64 accumulation: same bits on every rank)."""
     grad.div_(global_num_tokens)
-    norm = float(torch.linalg.vector_norm(grad, dtype=torch.float64))
+    norm = float64_norm(grad)
     if max_norm > 0:
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:

@@ -71,6 +71,19 @@ class ShardedState:
             out[name] = gathered[id(value)]
         return out if self.rank == 0 else None
 
+    def publish_state(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the values `full_state_dict` gives, for a caller that serialises them
+        at once (a weight publish): with exact reduction and a replica that holds the current
+        parameters on every rank, rank 0's replica tensors themselves (no gather, no copy:
+        they change with the next step, so they must not be kept); otherwise
+        `full_state_dict`."""
+        exact = self.exact
+        stale = torch.tensor([int(exact is None or not exact.fresh)], device=self.device)
+        dist.all_reduce(stale, op=dist.ReduceOp.MAX, group=self.group)  # one branch for all
+        if exact is None or int(stale):
+            return self.full_state_dict()
+        return exact.replica_state() if self.rank == 0 else None
+
     def full_optim_state_dict(self) -> dict[str, dict[str, torch.Tensor]] | None:
         """Collective: AdamW state by parameter name, {"step", "exp_avg", "exp_avg_sq"},
         unsharded on CPU, on the group's rank 0; None elsewhere."""
