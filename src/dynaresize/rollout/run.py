@@ -11,10 +11,10 @@ Progress reaches `on_completions` in batches of at least `PROGRESS_FRACTION` (1%
 in flight, always before the run finishes; dispatch happens at every completion. A run is built
 complete (`RunSettings`, callbacks, the pool's `Arrivals`) and changed only through its methods.
 Its parts: `slots` (engines, dispatch), `tail_order` (`rollout.tail_policy`'s queue strategy),
-`handoff` (when a pipelined run's engines leave). Moving requests off a live engine (packing a
-handed-off tail, spreading a thin one) is one routine, `_export_and_requeue`. Consumes: one
-step's RequestSpecs. Waits for: device slices. Produces: Completions (`on_completions`), busy
-intervals. Unblocked by: the last completion.
+`handoff` (when a pipelined run's engines leave), `run_moves` (moving requests off a live
+engine, packing a handed-off tail or spreading a thin one: one routine,
+`_export_and_requeue`). Consumes: one step's RequestSpecs. Waits for: device slices.
+Produces: Completions (`on_completions`), busy intervals. Unblocked by: the last completion.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from dynaresize.core.types import Completion
 from dynaresize.protocols import Clock, RolloutOps
-from dynaresize.rollout.handoff import may_release, pack_candidate
+from dynaresize.rollout.run_moves import RequestMoves
 from dynaresize.rollout.run_settings import (
     BULK_MIN_FREE,
     DRAIN_SLICES,
@@ -37,7 +37,7 @@ from dynaresize.rollout.slots import EngineSlot, SlotTable, Work
 from dynaresize.rollout.tail_order import TailOrder
 
 
-class RolloutRun:
+class RolloutRun(RequestMoves):
     def __init__(self, clock: Clock, requests: Sequence[Work], settings: RunSettings,
                  on_completions: Callable[[list[Completion]], None],
                  on_device_lost: Callable[[RolloutOps, BaseException], bool] | None = None,
@@ -314,87 +314,3 @@ class RolloutRun:
         self._maybe_pack()
         self._maybe_spread()
         return False
-
-    # ------------------------------------------------------------------ moving requests
-    def _maybe_release(self, slot: EngineSlot) -> bool:
-        """Hand `slot`'s device to `_on_idle` if it may go (`hand_off`)."""
-        if self._on_idle is None or not may_release(slot, list(self._slots),
-                                                    not self.queue, self.remaining):
-            return False
-        slot.leave()
-        self._slots.pop(slot.index)
-        self._on_idle(slot.device)
-        return True
-
-    def _movable(self) -> bool:
-        return not (self.queue or self.error or self.finished.is_set())
-
-    def _maybe_pack(self) -> None:
-        """Handing off: move the least-loaded engine's requests to the others if the rest
-        hold every remaining request at `pack_batch` each (one engine at a time)."""
-        pack_batch = self.settings.pack_batch
-        if not pack_batch or self._on_idle is None or self._packing is not None \
-                or not self._movable():
-            return
-        slot = pack_candidate(list(self._slots), self.remaining, pack_batch)
-        if slot is None:
-            return
-        # leaving from now, not once the export starts: until then another engine that
-        # empties must not count this one as staying and leave too (the run would keep
-        # requests and no engine)
-        slot.leave()
-        self._packing = asyncio.ensure_future(self._export_and_requeue(slot, rejoin=False))
-
-    def _maybe_spread(self) -> None:
-        """Spread the most loaded engine if the tail is uneven (rollout/tail_order.py)."""
-        tail = self.tail
-        if (tail is None or not tail.spread or self._spreading is not None
-                or not self._movable() or self._on_idle is not None
-                or (self.may_spread is not None and not self.may_spread())):
-            return
-        index = tail.spread_source({s.index: s.load for s in self._slots.active()})
-        if index is None:
-            return
-        slot = self._slots.get(index)
-        assert slot is not None
-        slot.leave()  # no more work for it until it is back
-        self._spreading = asyncio.ensure_future(self._export_and_requeue(slot, rejoin=True))
-
-    async def _export_and_requeue(self, slot: EngineSlot, rejoin: bool) -> None:
-        """`slot`'s engine (already leaving) finishes its slice and exports its requests
-        (token prefix and sampler state: they continue unchanged elsewhere, design §2.3),
-        which are requeued in front. Then it comes back empty (`rejoin`: spreading; the
-        requests longest predicted first) or leaves for the next step (packing)."""
-        device = slot.device
-        try:
-            await slot.stopped()
-            if self.error is not None or not self._slots.holds(slot):
-                return  # the run failed, or the device was lost or moved meanwhile
-            try:
-                exported = await device.export_inflight()
-            except Exception as exc:
-                self._device_failed(slot, exc)
-                return
-            self.num_migrated += len(exported)
-            if not rejoin:
-                self.requeue(device, exported)
-                assert self._on_idle is not None
-                self._on_idle(device)
-            else:
-                assert self.tail is not None
-                work = self.tail.spread_work(exported, slot.pending)
-                back = self._slots.holds(slot)
-                if back:
-                    self._slots.pop(slot.index)
-                self.queue.extendleft(reversed(work))
-                if back:
-                    self.add_devices([device])  # back, empty: dispatch spreads the work
-                else:  # taken meanwhile (`requeue`): the work goes back without it
-                    self._dispatch()
-        finally:
-            if rejoin:
-                self._spreading = None
-            else:
-                self._packing = None
-        if not rejoin:
-            self._maybe_pack()
