@@ -215,11 +215,14 @@ class RolloutRun:
             self.drained.set()
 
     def _limit(self) -> int:
-        """Most requests one device may hold now (`max_running`, or its share x `share_factor`)."""
-        got = self.settings
-        if self.arrivals is None:
-            return got.max_running
-        share = max(self.arrivals.num_rollout_devices(), len(self._slots), 1)
+        """Most requests one device may hold now (`max_running`, or `share_cap`)."""
+        return self.settings.max_running if self.arrivals is None else \
+            self.share_cap(self.arrivals.num_rollout_devices())
+
+    def share_cap(self, num_engines: int) -> int:
+        """Its share of the remaining requests over `num_engines` (or the run's engines, if
+        more) x `share_factor`, in 1..`max_running`: an engine's most while `arrivals`."""
+        got, share = self.settings, max(num_engines, len(self._slots), 1)
         return max(1, min(got.max_running, got.share_factor * -(-self.remaining // share)))
 
     def _report(self, completions: list[Completion]) -> None:
@@ -326,7 +329,7 @@ class RolloutRun:
         self._on_idle(slot.device)
         return True
 
-    def _movable(self) -> bool:
+    def _movable(self) -> bool:  # nothing queued, no error, not finished
         return not (self.queue or self.error or self.finished.is_set())
 
     def _maybe_pack(self) -> None:
@@ -339,10 +342,7 @@ class RolloutRun:
         slot = pack_candidate(list(self._slots), self.remaining, pack_batch)
         if slot is None:
             return
-        # leaving from now, not once the export starts: until then another engine that
-        # empties must not count this one as staying and leave too (the run would keep
-        # requests and no engine)
-        slot.leave()
+        slot.leave()  # now, not at the export: no other emptied engine leaves counting on it
         self._packing = asyncio.ensure_future(self._export_and_requeue(slot, rejoin=False))
 
     def _maybe_spread(self) -> None:
