@@ -48,7 +48,9 @@ def share_factor(staleness: int) -> int:
     others for tens of seconds, and training needs its samples only s steps later, so its
     first engines take more (hysteresis, das, s = 2, 8 steps: dapo-7b 32 GPUs 30.70 -> 31.93
     samples/s, agentic 32 17.58 -> 18.12; without a cap agentic fell to 11.64, a quarter of
-    its engines holding the whole step; docs/results.md, depth-gap)."""
+    its engines holding the whole step; docs/results.md, depth-gap). The loop moves on from a
+    run only once its engines hold the rest at this cap (`EnginePool.gathered`,
+    `RolloutRun.share_cap`)."""
     return 1 if staleness < 2 else DEEP_SHARE_FACTOR
 
 

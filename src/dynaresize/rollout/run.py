@@ -215,11 +215,14 @@ class RolloutRun(RequestMoves):
             self.drained.set()
 
     def _limit(self) -> int:
-        """Most requests one device may hold now (`max_running`, or its share x `share_factor`)."""
-        got = self.settings
-        if self.arrivals is None:
-            return got.max_running
-        share = max(self.arrivals.num_rollout_devices(), len(self._slots), 1)
+        """Most requests one device may hold now (`max_running`, or `share_cap`)."""
+        return self.settings.max_running if self.arrivals is None else \
+            self.share_cap(self.arrivals.num_rollout_devices())
+
+    def share_cap(self, num_engines: int) -> int:
+        """Its share of the remaining requests over `num_engines` (or the run's engines, if
+        more) x `share_factor`, in 1..`max_running`: an engine's most while `arrivals`."""
+        got, share = self.settings, max(num_engines, len(self._slots), 1)
         return max(1, min(got.max_running, got.share_factor * -(-self.remaining // share)))
 
     def _report(self, completions: list[Completion]) -> None:
