@@ -47,10 +47,12 @@ def worker(rank: int, store: str, out: str) -> None:
         for shard in trainer.local_shards().values():  # an outside write: replica stale
             shard.add_(1.0)
     problems += _check(trainer, rank, replica_views=False)
-    solo = FSDPTrainer(make_model, EXACT, dist.new_group([rank]), generation=2 + rank)
+    singles = [dist.new_group([r]) for r in (0, 1)]  # every rank creates every group
+    solo = FSDPTrainer(make_model, EXACT, singles[rank], generation=2 + rank)
     run_steps(solo, range(1), 0, 1)
     problems += _check(solo, 0, replica_views=True)
     (Path(out) / f"rank{rank}.txt").write_text("\n".join(problems))
+    dist.barrier()  # neither rank tears gloo down while the other is still in a collective
     dist.destroy_process_group()
 
 

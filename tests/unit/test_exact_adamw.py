@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dynaresize.resize.reshard import shard_rows
-from dynaresize.train.exact import ordered_sum, scale_and_clip_
+from dynaresize.train.held import ordered_sum, scale_and_clip_
 
 SHAPES = [(64,), (32,), (17,), (4099,), (37, 64), (128, 64), (32, 63)]
 
@@ -62,7 +62,7 @@ def test_ordered_sum_and_clip() -> None:
 
 
 def test_float64_norm_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dynaresize.train import exact
+    from dynaresize.train import held as exact
 
     gen = torch.Generator().manual_seed(3)
     vector = torch.randn(10_007, generator=gen) * 1e-3

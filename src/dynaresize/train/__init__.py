@@ -14,7 +14,7 @@ _EXPORTS = {
     "make_micro_batches": "batching", "pack": "batching", "plan_step": "batching",
     "clipped_token_count": "grpo", "group_advantages": "grpo", "kl_penalty_sum": "grpo",
     "ppo_clip_loss_sum": "grpo", "token_logprobs": "grpo",
-    "FSDPTrainer": "trainer", "checksum_named_tensors": "trainer", "HeldGradients": "exact",
+    "FSDPTrainer": "trainer", "checksum_named_tensors": "trainer", "HeldGradients": "held",
 }
 
 __all__ = sorted(_EXPORTS)

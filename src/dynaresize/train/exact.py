@@ -8,11 +8,14 @@ other parameters than a run with the same seed. Here the FSDP2 model is only the
 parameters and AdamW state (dim-0 shards, what resharding and checkpoints use), and:
 
 1. `accumulate` (LOCAL): the gradient g_m of micro-batch m's loss sum is taken on a plain,
-   unsharded replica of the model holding the current full parameters, flattened into one
-   fp32 vector [P] (parameters in `named_parameters()` order, -0.0 turned into +0.0), and held
-   with the micro-batch's float64 statistics under its global index m (`HeldGradients`). The
-   same code on the same inputs gives the same bits on any rank (all ranks must use the same
-   torch thread count, as the rollout devices do).
+   unsharded replica of the model holding the current full parameters, as one fp32 vector [P]
+   (parameters in `named_parameters()` order; the replica's grads are views of it and the
+   backward adds into zeros, which turns -0.0 into +0.0), and held with the micro-batch's
+   float64 statistics under its global index m (`held.HeldGradients`). The same code on the
+   same inputs gives the same bits on any rank (all ranks must use the same torch thread
+   count, as the rollout devices do). A rank that holds index 0 folds the indices that follow
+   it in order into that one vector (the backward adds g_m straight into g_0 + ... + g_{m-1}):
+   these are the first adds of point 2's sum, the same operations, so the same bits.
 2. `combine` (COLLECTIVE): an all-reduce SUM of an [M, P] buffer in which exactly one rank
    filled each row: x + 0 + ... + 0 == x exactly in any order, so every rank gets every g_m
    bitwise. Then g_0 + g_1 + ... + g_{M-1} in index order, / the global token count, float64
@@ -27,7 +30,9 @@ parameters and AdamW state (dim-0 shards, what resharding and checkpoints use), 
 
 Cost: every rank holds the full parameters (replica, on one rank the shards themselves; the
 KL reference too when kl_coef > 0, unsharded) and its own micro-batches' gradients (fp32, [P]
-each, until the step's combine). The combine consumes them: a one-row block all-reduces the
+each, until the step's combine; a fold, however many micro-batches it holds, is one [P]: a
+single training rank holds one gradient whatever the number of micro-batches, when they
+come in order). The combine consumes them: a one-row block all-reduces the
 held row itself and the first row becomes the [P] sum, which the grads are views of; blocks of
 several rows (small models) take a buffer of at most `COMBINE_BUDGET_BYTES`. Meant for small
 models (CPU).
@@ -36,10 +41,8 @@ models (CPU).
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -49,6 +52,7 @@ from torch.distributed.tensor import DTensor
 from dynaresize.resize.reshard import shard_rows
 from dynaresize.train.batching import MicroBatch
 from dynaresize.train.forward import NUM_STATS, LossSpec, micro_batch_loss
+from dynaresize.train.held import HeldGradients, ordered_sum
 
 COMBINE_BUDGET_BYTES = 256 * 2**20
 """The combine all-reduces the held gradients in blocks of rows of at most this many bytes
@@ -57,34 +61,6 @@ SmolLM2-135M on every training rank; now one [P] row (540 MB) for it."""
 
 BROADCAST_CHUNK = 16 * 2**20
 """Elements per broadcast when a one-row block is added to the sum (64 MiB of fp32)."""
-
-
-@dataclass
-class HeldGradients:
-    """One rank's not yet combined micro-batch gradients of one step. What
-    `FSDPTrainer.take_holdings` returns and `put_holdings` takes (e.g. across the trainer
-    rebuild of a resize in the middle of a step). Valid only for parameters at
-    `optimizer_step` with the same `layout`."""
-
-    step: int
-    optimizer_step: int
-    """AdamW steps behind the parameters the gradients were taken at."""
-    layout: str
-    """Digest of the parameter names and shapes."""
-    grads: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Global micro-batch index -> flat fp32 gradient of its loss sum [P]."""
-    stats: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Global micro-batch index -> float64 [NUM_STATS] (`forward.STAT_KEYS`)."""
-    compute_s: float = 0.0
-    """Seconds this rank spent computing them."""
-
-
-def ordered_sum(rows: torch.Tensor) -> torch.Tensor:
-    """rows[0] + rows[1] + ... in index order (elementwise adds: layout-invariant)."""
-    out = rows[0].clone()
-    for row in rows[1:]:
-        out += row
-    return out
 
 
 class ExactReducer:
@@ -133,7 +109,7 @@ class ExactReducer:
                              f"{self.held.optimizer_step}, the parameters are at "
                              f"{optimizer_step}; take_holdings() to drop them")
         indices = [m for m, _ in items]
-        held = set(self.held.grads) if self.held is not None else set()
+        held = set(self.held.indices()) if self.held is not None else set()
         for m, micro_batch in items:
             if not isinstance(m, int) or m < 0:
                 raise ValueError(f"micro-batch index must be an int >= 0, got {m!r}")
@@ -148,29 +124,47 @@ class ExactReducer:
             self.held = HeldGradients(step, optimizer_step, self.layout)
         for m, micro_batch in items:
             t0 = time.perf_counter()
-            grad, stats = self._gradient(micro_batch)
-            self.held.grads[m], self.held.stats[m] = grad, stats
-            self.held.compute_s += time.perf_counter() - t0
+            held_now = self.held
+            into = held_now.grads[0] if held_now.folded and m == held_now.folded else None
+            try:
+                grad, held_now.stats[m] = self._gradient(micro_batch, into)
+            except Exception:
+                if into is not None:  # a backward that failed midway: the fold is partial
+                    self.held = None
+                raise
+            if into is None:
+                held_now.grads[m] = grad
+            else:  # taken straight into the fold: g_m never whole on its own
+                held_now.folded += 1
+            held_now.fold()
+            held_now.compute_s += time.perf_counter() - t0
 
-    def _gradient(self, micro_batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        self.replica.zero_grad(set_to_none=True)
-        loss_sum, stats = micro_batch_loss(self.replica, self.reference, micro_batch,
-                                           self.spec, self.device)
-        loss_sum.backward()
-        # flattened parameter by parameter, each grad freed once copied: the [P] vector and
-        # the replica's grads are not both whole at once (the same values as a torch.cat)
-        flat = torch.empty(self.num_params, dtype=torch.float32, device=self.device)
+    def _gradient(self, micro_batch: MicroBatch, into: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the flat [P] gradient of the micro-batch's loss sum, its stats). The backward
+        adds each parameter's gradient into its slice of one flat vector (the replica's
+        grads are views of it, autograd accumulates in place): zeros (`into` None), so
+        the result is g with -0.0 made +0.0 (0.0 + -0.0), which a sum with other ranks'
+        zeros would flip otherwise; or `into`, the held fold, which becomes fold + g_m,
+        the same add the combine would do (the fold never holds -0.0, and x + -0.0 == x
+        + 0.0 for any other x). Never a second [P] copy."""
+        flat = into if into is not None else torch.zeros(
+            self.num_params, dtype=torch.float32, device=self.device)
         offset = 0
         for p in self._params:
-            part = flat[offset:offset + p.numel()]
+            p.grad = flat[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
-            if p.grad is None:
-                part.zero_()
-            else:
-                part.copy_(p.grad.reshape(-1))
-                p.grad = None
-        self.replica.zero_grad(set_to_none=True)
-        flat[flat == 0] = 0.0  # -0.0 -> +0.0: a sum with other ranks' zeros would flip it
+        try:
+            loss_sum, stats = micro_batch_loss(self.replica, self.reference, micro_batch,
+                                               self.spec, self.device)
+            loss_sum.backward()
+            offset = 0
+            for p in self._params:  # autograd kept them (dense, contiguous, no grad mode)
+                if p.grad is None or p.grad.data_ptr() != flat[offset:].data_ptr():
+                    raise RuntimeError("autograd did not accumulate into the flat gradient")
+                offset += p.numel()
+        finally:
+            self.replica.zero_grad(set_to_none=True)  # drops the views, not their values
         return flat, stats
 
     def replica_state(self) -> dict[str, torch.Tensor]:
@@ -202,12 +196,15 @@ class ExactReducer:
         elif self.held.step != held.step:
             raise ValueError(f"gradients of step {self.held.step} are held here, "
                              f"cannot add step {held.step}")
-        both = sorted(set(self.held.grads) & set(held.grads))
+        both = sorted(set(self.held.indices()) & set(held.indices()))
         if both:
             raise ValueError(f"micro-batch(es) {both} are held twice")
         for m in held.grads:
             self.held.grads[m] = held.grads[m].to(self.device)
+        for m in held.stats:
             self.held.stats[m] = held.stats[m].to(self.device)
+        self.held.folded = max(self.held.folded, held.folded)  # disjoint: one of them is 0
+        self.held.fold()
         self.held.compute_s += held.compute_s
 
     # ------------------------------------------------------------------ collective
@@ -226,16 +223,17 @@ class ExactReducer:
         touched. Past the checks the held gradients are CONSUMED (their tensors become the
         all-reduce buffers and the sum, not copied): the holdings are empty afterwards."""
         m_count, held = num_micro_batches, self.held
-        flags = torch.zeros(2 * m_count + 4, dtype=torch.int64, device=self.device)
+        flags = torch.zeros(2 * m_count + 5, dtype=torch.int64, device=self.device)
         if held is not None:
             me = dist.get_rank(self.group) + 1
-            for m in held.grads:
+            for m in held.indices():
                 flags[min(m, m_count)] += 1
                 if m < m_count:  # who holds m (group rank + 1), once the checks pass
                     flags[m_count + 4 + m] += me
             flags[m_count + 1] = int(held.step != step)
             flags[m_count + 2] = int(held.optimizer_step != optimizer_step)
-            flags[m_count + 3] = sum(int(held.stats[m][2]) for m in held.grads)
+            flags[m_count + 3] = sum(int(held.stats[m][2]) for m in held.indices())
+            flags[2 * m_count + 4] = held.folded  # one rank at most folds (it holds index 0)
         dist.all_reduce(flags, group=self.group)
         counts = flags.tolist()
         gaps_ok = num_tokens is not None and counts[m_count + 3] == num_tokens
@@ -243,14 +241,16 @@ class ExactReducer:
         rows = [m for m in range(m_count) if counts[m]]
         row_of = {m: i for i, m in enumerate(rows)}
         stats = torch.zeros(len(rows), NUM_STATS, dtype=torch.float64, device=self.device)
-        for m in held.grads if held is not None else ():
+        for m in held.indices() if held is not None else ():
             stats[row_of[m]] = held.stats[m]
         dist.all_reduce(stats, group=self.group)
         total_stats = ordered_sum(stats)
         if check_stats is not None:
             check_stats(total_stats)
         holders = {m: counts[m_count + 4 + m] - 1 for m in rows}
-        return self._combine_grads(rows, holders), total_stats
+        folded = counts[2 * m_count + 4]  # rows 1 .. folded - 1 are inside row 0 already
+        summed = [m for m in rows if m == 0 or m >= folded]
+        return self._combine_grads(summed, holders), total_stats
 
     def _combine_grads(self, rows: list[int],
                        holders: dict[int, int] | None = None) -> torch.Tensor:
@@ -365,34 +365,3 @@ class ExactReducer:
                 else:
                     mine.copy_(param.full_tensor() if isinstance(param, DTensor) else param)
         self.fresh = True
-
-
-NORM_CHUNK = 2**20
-"""Elements per float64 piece of `float64_norm` (8 MiB)."""
-
-
-def float64_norm(vector: torch.Tensor) -> float:
-    """The 2-norm of a 1-D float32 `vector` accumulated in float64, without a float64 copy of
-    the whole vector (torch's `vector_norm(dtype=float64)` makes one: 1 GiB for SmolLM2-135M's
-    gradient, on every training rank at once): each `NORM_CHUNK` piece's float64 sum of
-    squares, the pieces added in index order. A fixed order of fixed operations, so the same
-    bits on every rank for the same vector (the exact path's full gradient is)."""
-    total = 0.0
-    for start in range(0, vector.numel(), NORM_CHUNK):
-        piece = vector[start:start + NORM_CHUNK].to(torch.float64)
-        total += float(piece.square_().sum())
-    return math.sqrt(total)
-
-
-def scale_and_clip_(grad: torch.Tensor, global_num_tokens: int, max_norm: float) -> float:
-    """In place: grad / global_num_tokens (the loss's normaliser, `forward.loss_denominator`),
-    then clipped to `max_norm` (0: no clipping) like
-    `torch.nn.utils.clip_grad_norm_` (coefficient max_norm / (norm + 1e-6) if below 1).
-    Returns the norm before clipping (float64 accumulation: same bits on every rank)."""
-    grad.div_(global_num_tokens)
-    norm = float64_norm(grad)
-    if max_norm > 0:
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0:
-            grad.mul_(coef)
-    return norm

@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 from dynaresize.config import TrainConfig
 from dynaresize.train.balance import IndexedMicroBatch
 from dynaresize.train.batching import MicroBatch
-from dynaresize.train.exact import ExactReducer, HeldGradients, scale_and_clip_
+from dynaresize.train.exact import ExactReducer
 from dynaresize.train.forward import (
     NUM_STATS,
     loss_denominator,
@@ -48,6 +48,7 @@ from dynaresize.train.forward import (
     micro_batch_loss,
     padding_micro_batch,
 )
+from dynaresize.train.held import HeldGradients, scale_and_clip_
 from dynaresize.train.state import OPTIM_KEYS, ShardedState, checksum_named_tensors
 
 __all__ = ["OPTIM_KEYS", "FSDPTrainer", "checksum_named_tensors"]
