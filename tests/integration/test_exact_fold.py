@@ -39,6 +39,37 @@ def independent_gradients(micro_batches: list) -> list[torch.Tensor]:
     return out
 
 
+def failures(batches: list) -> list[str]:
+    """A micro-batch that fails before its backward leaves every holding as it was; a backward
+    that stops midway on the fold's next index drops the holdings (the fold may hold part of
+    it) instead of keeping a wrong sum."""
+    from dynaresize.train import FSDPTrainer
+
+    problems = []
+    trainer = FSDPTrainer(make_model, EXACT, dist.group.WORLD, generation=3)
+    trainer.accumulate(0, [(0, batches[0]), (2, batches[2])])
+    bad = [dataclasses.replace(batches[1][0], behavior_logprobs=[])]  # pack() refuses it
+    try:
+        trainer.accumulate(0, [(1, bad)])
+        problems.append("a bad micro-batch was accepted")
+    except ValueError:
+        pass
+    held = trainer.exact.held
+    if held is None or held.indices() != [0, 2] or held.folded != 1:
+        problems.append("a failure before the backward changed the holdings")
+    param = next(trainer.exact.replica.parameters())
+    hook = param.register_hook(lambda grad: (_ for _ in ()).throw(RuntimeError("stop")))
+    try:
+        trainer.accumulate(0, [(1, batches[1])])
+        problems.append("the stopped backward did not raise")
+    except RuntimeError:
+        pass
+    hook.remove()
+    if trainer.exact.held is not None:
+        problems.append("a backward stopped inside the fold kept the holdings")
+    return problems
+
+
 def worker(rank: int, store: str, out: str) -> None:
     from dynaresize.train import FSDPTrainer, make_micro_batches
     from dynaresize.train.held import ordered_sum
@@ -64,6 +95,7 @@ def worker(rank: int, store: str, out: str) -> None:
     held = moved.take_holdings()
     if held.folded != 4 or not torch.equal(held.grads[0], expect):
         problems.append("put_holdings: not folded to the ordered sum")
+    problems += failures(batches)
     (Path(out) / "problems.txt").write_text("\n".join(problems))
     dist.destroy_process_group()
 

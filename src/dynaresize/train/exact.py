@@ -126,12 +126,15 @@ class ExactReducer:
             t0 = time.perf_counter()
             held_now = self.held
             into = held_now.grads[0] if held_now.folded and m == held_now.folded else None
+            loss_sum, stats = micro_batch_loss(self.replica, self.reference, micro_batch,
+                                               self.spec, self.device)  # nothing held changes
             try:
-                grad, held_now.stats[m] = self._gradient(micro_batch, into)
-            except Exception:
-                if into is not None:  # a backward that failed midway: the fold is partial
+                grad = self._backward(loss_sum, into)
+            except BaseException:
+                if into is not None:  # stopped midway: the fold may hold part of g_m
                     self.held = None
                 raise
+            held_now.stats[m] = stats
             if into is None:
                 held_now.grads[m] = grad
             else:  # taken straight into the fold: g_m never whole on its own
@@ -139,9 +142,9 @@ class ExactReducer:
             held_now.fold()
             held_now.compute_s += time.perf_counter() - t0
 
-    def _gradient(self, micro_batch: MicroBatch, into: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the flat [P] gradient of the micro-batch's loss sum, its stats). The backward
+    def _backward(self, loss_sum: torch.Tensor, into: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+        """The flat [P] gradient of `loss_sum` (a micro-batch's, on the replica). The backward
         adds each parameter's gradient into its slice of one flat vector (the replica's
         grads are views of it, autograd accumulates in place): zeros (`into` None), so
         the result is g with -0.0 made +0.0 (0.0 + -0.0), which a sum with other ranks'
@@ -155,8 +158,6 @@ class ExactReducer:
             p.grad = flat[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
         try:
-            loss_sum, stats = micro_batch_loss(self.replica, self.reference, micro_batch,
-                                               self.spec, self.device)
             loss_sum.backward()
             offset = 0
             for p in self._params:  # autograd kept them (dense, contiguous, no grad mode)
@@ -165,7 +166,7 @@ class ExactReducer:
                 offset += p.numel()
         finally:
             self.replica.zero_grad(set_to_none=True)  # drops the views, not their values
-        return flat, stats
+        return flat
 
     def replica_state(self) -> dict[str, torch.Tensor]:
         """The replica's state dict, its own tensors (tied weights one tensor under each key):
@@ -183,7 +184,9 @@ class ExactReducer:
         return held
 
     def put(self, held: HeldGradients | None, optimizer_step: int) -> None:
-        """Merge `held` into this rank's holdings (same step, disjoint indices)."""
+        """Merge `held` into this rank's holdings (same step, disjoint indices). Its tensors
+        become this rank's (not copied; a fold may add into them): the caller must not use
+        `held` again."""
         if held is None:
             return
         if held.layout != self.layout:

@@ -68,7 +68,9 @@ def float64_norm(vector: torch.Tensor) -> float:
     the whole vector (torch's `vector_norm(dtype=float64)` makes one: 1 GiB for SmolLM2-135M's
     gradient, on every training rank at once): each `NORM_CHUNK` piece's float64 sum of
     squares, the pieces added in index order. A fixed order of fixed operations, so the same
-    bits on every rank for the same vector (the exact path's full gradient is)."""
+    bits on every rank for the same vector (the exact path's full gradient is) at the same
+    torch thread count, which the exact path requires anyway (a piece's sum may round
+    otherwise at another). Not `vector_norm`'s bits: ~1e-16 relative apart."""
     total = 0.0
     for start in range(0, vector.numel(), NORM_CHUNK):
         piece = vector[start:start + NORM_CHUNK].to(torch.float64)

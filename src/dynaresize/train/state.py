@@ -73,12 +73,13 @@ class ShardedState:
 
     def publish_state(self) -> dict[str, torch.Tensor] | None:
         """Collective: the values `full_state_dict` gives, for a caller that serialises them
-        at once (a weight publish): with exact reduction and a replica that holds the current
-        parameters on every rank, rank 0's replica tensors themselves (no gather, no copy:
-        they change with the next step, so they must not be kept); otherwise
-        `full_state_dict`."""
+        at once (a weight publish): with exact reduction on CPU and a replica that holds the
+        current parameters on every rank, rank 0's replica tensors themselves (no gather, no
+        copy: they change with the next step, so they must not be kept); otherwise (a GPU's
+        replica too: a publish goes out on CPU) `full_state_dict`."""
         exact = self.exact
-        stale = torch.tensor([int(exact is None or not exact.fresh)], device=self.device)
+        usable = exact is not None and exact.fresh and self.device.type == "cpu"
+        stale = torch.tensor([int(not usable)], device=self.device)
         dist.all_reduce(stale, op=dist.ReduceOp.MAX, group=self.group)  # one branch for all
         if exact is None or int(stale):
             return self.full_state_dict()
