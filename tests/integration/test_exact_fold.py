@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from gloo_jobs import file_store, init_gloo, run_jobs
+from gloo_jobs import end_rank, file_store, init_gloo, run_jobs
 from test_trainer_dist import CONFIG, make_model, make_samples
 
 EXACT = dataclasses.replace(CONFIG, exact_reduction=True)
@@ -97,7 +97,7 @@ def worker(rank: int, store: str, out: str) -> None:
         problems.append("put_holdings: not folded to the ordered sum")
     problems += failures(batches)
     (Path(out) / "problems.txt").write_text("\n".join(problems))
-    dist.destroy_process_group()
+    end_rank()
 
 
 def test_fold_is_the_ordered_sum(tmp_path: Path) -> None:

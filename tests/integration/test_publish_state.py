@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from gloo_jobs import file_store, init_gloo, run_jobs
+from gloo_jobs import end_rank, file_store, init_gloo, run_jobs
 from test_trainer_dist import CONFIG, make_model, run_steps
 
 EXACT = dataclasses.replace(CONFIG, exact_reduction=True)
@@ -52,8 +52,7 @@ def worker(rank: int, store: str, out: str) -> None:
     run_steps(solo, range(1), 0, 1)
     problems += _check(solo, 0, replica_views=True)
     (Path(out) / f"rank{rank}.txt").write_text("\n".join(problems))
-    dist.barrier()  # neither rank tears gloo down while the other is still in a collective
-    dist.destroy_process_group()
+    end_rank()
 
 
 def test_publish_state_is_the_full_state_without_a_gather(tmp_path: Path) -> None:
