@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dynaresize.train.state import once_per_object
+
 NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
                 torch.int16, torch.int8, torch.uint8, torch.bool)
 """Tensor dtypes that go out-of-band as numpy arrays (numpy has no bfloat16)."""
@@ -32,17 +34,12 @@ def to_wire(state: Mapping[str, Any] | None) -> dict[str, Any] | None:
     trainer that is not its group's rank 0) stays None."""
     if state is None:
         return None
-    views: dict[int, Any] = {}
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        if isinstance(value, torch.Tensor) and value.device.type == "cpu" \
-                and value.dtype in NUMPY_DTYPES:
-            if id(value) not in views:
-                views[id(value)] = value.detach().numpy()
-            out[key] = views[id(value)]
-        else:
-            out[key] = value
-    return out
+    return once_per_object(state, lambda t: t.detach().numpy(), _numpy_ready)
+
+
+def _numpy_ready(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu" \
+        and value.dtype in NUMPY_DTYPES
 
 
 def from_wire(state: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -50,15 +47,7 @@ def from_wire(state: Mapping[str, Any] | None) -> dict[str, Any] | None:
     memory, so callers copy from it or only read it); one tensor per array object."""
     if state is None:
         return None
-    tensors: dict[int, torch.Tensor] = {}
-    out: dict[str, Any] = {}
     with warnings.catch_warnings():  # "The given NumPy array is not writable": read only
         warnings.simplefilter("ignore", UserWarning)
-        for key, value in state.items():
-            if isinstance(value, np.ndarray):
-                if id(value) not in tensors:
-                    tensors[id(value)] = torch.from_numpy(value)
-                out[key] = tensors[id(value)]
-            else:
-                out[key] = value
-    return out
+        return once_per_object(state, torch.from_numpy,
+                               lambda value: isinstance(value, np.ndarray))

@@ -168,17 +168,6 @@ class ExactReducer:
             self.replica.zero_grad(set_to_none=True)  # drops the views, not their values
         return flat
 
-    def replica_state(self) -> dict[str, torch.Tensor]:
-        """The replica's state dict, its own tensors (tied weights one tensor under each key):
-        the current full parameters while `fresh`. Local, no copy."""
-        detached: dict[int, torch.Tensor] = {}
-        out: dict[str, torch.Tensor] = {}
-        for name, value in self.replica.state_dict(keep_vars=True).items():
-            if id(value) not in detached:
-                detached[id(value)] = value.detach()
-            out[name] = detached[id(value)]
-        return out
-
     def take(self) -> HeldGradients | None:
         held, self.held = self.held, None
         return held

@@ -10,7 +10,7 @@ in each docstring (the local ones: `full_shapes`, `local_shards`, `optimizer_ste
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +39,23 @@ def checksum_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[f
     return total, digest.hexdigest()
 
 
+def once_per_object(state: Mapping[str, Any], fn: Callable[[Any], Any],
+                    applies: Callable[[Any], bool] = lambda value: True) -> dict[str, Any]:
+    """`state` with `fn` applied to every value `applies` to, once per object: a value under
+    several keys (tied weights) is converted once and stays one object under all of them;
+    the other values unchanged. Keys keep their order."""
+    done: dict[int, Any] = {}
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if not applies(value):
+            out[key] = value
+            continue
+        if id(value) not in done:
+            done[id(value)] = fn(value)
+        out[key] = done[id(value)]
+    return out
+
+
 class ShardedState:
     """State methods of `FSDPTrainer`; the attributes below are set by its constructor."""
 
@@ -63,12 +80,8 @@ class ShardedState:
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Collective: unsharded CPU model state on the group's rank 0 (tied weights under
         every key, sharing storage), None on the other ranks."""
-        out: dict[str, torch.Tensor] = {}
-        gathered: dict[int, torch.Tensor] = {}
-        for name, value in self.model.state_dict(keep_vars=True).items():
-            if id(value) not in gathered:
-                gathered[id(value)] = self._full(value).detach().cpu().clone()
-            out[name] = gathered[id(value)]
+        out = once_per_object(self.model.state_dict(keep_vars=True),
+                              lambda value: self._full(value).detach().cpu().clone())
         return out if self.rank == 0 else None
 
     def publish_state(self) -> dict[str, torch.Tensor] | None:
@@ -83,7 +96,9 @@ class ShardedState:
         dist.all_reduce(stale, op=dist.ReduceOp.MAX, group=self.group)  # one branch for all
         if exact is None or int(stale):
             return self.full_state_dict()
-        return exact.replica_state() if self.rank == 0 else None
+        if self.rank != 0:
+            return None  # the replica's own tensors (its state dict, tied weights once)
+        return once_per_object(exact.replica.state_dict(keep_vars=True), torch.Tensor.detach)
 
     def full_optim_state_dict(self) -> dict[str, dict[str, torch.Tensor]] | None:
         """Collective: AdamW state by parameter name, {"step", "exp_avg", "exp_avg_sq"},
