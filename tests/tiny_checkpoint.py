@@ -5,6 +5,10 @@ SmolLM2 weights. Shared by the text-task tests."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dynaresize.config import Config
 
 CHARS = "0123456789 +-=*()\n<>/abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.,?:$%'"
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -39,3 +43,17 @@ def write_tiny_checkpoint(path: Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         LlamaForCausalLM(config).save_pretrained(path)
     return path
+
+
+def tiny_arithmetic_config(path: Path, num_eval_prompts: int) -> Config:
+    """A 2-step reasoning-gym arithmetic run on the tiny checkpoint (written in `path`),
+    evaluated every step on `num_eval_prompts` held-out prompts."""
+    from dynaresize.config import load_config
+
+    checkpoint = write_tiny_checkpoint(path)
+    return load_config(None, [f"model.path='{checkpoint}'", "task.name='reasoning_gym'",
+                              "task.generator='basic_arithmetic'",
+                              "task.question_template='{expression} ='",
+                              "task.max_new_tokens=4", "eval.every=1",
+                              f"eval.num_prompts={num_eval_prompts}", "run.steps=2"],
+                       check_machine=False)

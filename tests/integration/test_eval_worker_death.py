@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
-
-from dynaresize.config import load_config  # noqa: E402
+from tiny_checkpoint import tiny_arithmetic_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 pytest.importorskip("reasoning_gym")
@@ -26,12 +24,7 @@ def test_killed_eval_worker_restarts_and_evaluates(ray_cluster: Any, tmp_path: P
 
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
 
-    checkpoint = write_tiny_checkpoint(tmp_path)
-    cfg = load_config(None, [f"model.path='{checkpoint}'", "task.name='reasoning_gym'",
-                             "task.generator='basic_arithmetic'",
-                             "task.question_template='{expression} ='",
-                             "task.max_new_tokens=4", "eval.every=1", "eval.num_prompts=4",
-                             "run.steps=2"], check_machine=False)
+    cfg = tiny_arithmetic_config(tmp_path, 4)
     warnings: list[str] = []
     evaluator = start_ray_evaluator(cfg, warn=warnings.append)
     try:

@@ -11,22 +11,15 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_checkpoint import write_tiny_checkpoint  # noqa: E402
+from tiny_checkpoint import tiny_arithmetic_config  # noqa: E402
 
 pytest.importorskip("reasoning_gym")
 
 
 def _worker(tmp_path: Path) -> Any:
-    from dynaresize.config import load_config
     from dynaresize.evaluation.worker import EvalWorker
 
-    checkpoint = write_tiny_checkpoint(tmp_path)
-    cfg = load_config(None, [f"model.path='{checkpoint}'", "task.name='reasoning_gym'",
-                             "task.generator='basic_arithmetic'",
-                             "task.question_template='{expression} ='",
-                             "task.max_new_tokens=4", "eval.every=1", "eval.num_prompts=6",
-                             "run.steps=2"], check_machine=False)
-    return EvalWorker(cfg.to_dict())
+    return EvalWorker(tiny_arithmetic_config(tmp_path, 6).to_dict())
 
 
 def _template(worker: Any) -> Any:
