@@ -21,7 +21,8 @@ SETS = ["run.steps=4", "run.checkpoint_every=2", "task.prompts_per_step=4",
 def test_driver_killed_after_a_checkpoint_resumes_to_the_same_run(tmp_path: Path) -> None:
     reference = tmp_path / "reference"
     assert start(train_cmd(SETS, reference), tmp_path / "reference.log").wait() == 0
-    row = trial(SETS, 4, tmp_path / "cut", reference, after_steps=3, delay_s=0.2)
+    row = trial(SETS, 4, tmp_path / "cut", reference, after_steps=3, delay_s=0.2,
+                after_checkpoint=2)
     assert row["killed"] and row["resume_rc"] == 0, (tmp_path / "cut.log").read_text()[-2000:]
     assert row["steps_at_kill"] >= 3 and row["resumed_from"] in (2, 4)  # every 2 steps
     assert row["recomputed_steps"] == row["steps_at_kill"] - row["resumed_from"] <= 2

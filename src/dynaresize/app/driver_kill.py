@@ -66,13 +66,21 @@ def num_lines(file: Path) -> int:
 
 
 def kill_driver(proc: subprocess.Popen[bytes], out: Path, after_steps: int, delay_s: float,
-                timeout_s: float) -> dict[str, Any]:
-    """SIGKILL the driver `delay_s` after `after_steps` metric lines exist; then wait for its
-    session to empty (<= 120 s), end what is left (orphans) by pid."""
+                timeout_s: float, after_checkpoint: int = 0) -> dict[str, Any]:
+    """SIGKILL the driver `delay_s` after `after_steps` metric lines exist and a complete
+    checkpoint of at least `after_checkpoint` steps is on disk (checkpoints are written beside
+    the next step, so a step's metric line alone does not say its checkpoint is complete);
+    then wait for its session to empty (<= 120 s), end what is left (orphans) by pid."""
     deadline = time.monotonic() + timeout_s
-    while num_lines(out / "metrics.jsonl") < after_steps and proc.poll() is None:
+
+    def waiting() -> bool:
+        return num_lines(out / "metrics.jsonl") < after_steps or \
+            (after_checkpoint > 0 and latest_complete(out) < after_checkpoint)
+
+    while waiting() and proc.poll() is None:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{out}: {after_steps} steps not reached in {timeout_s} s")
+            raise TimeoutError(f"{out}: {after_steps} steps (a checkpoint of "
+                               f"{after_checkpoint}) not reached in {timeout_s} s")
         time.sleep(0.2)
     time.sleep(delay_s)
     if proc.poll() is not None:
@@ -123,13 +131,15 @@ def latest_complete(out: Path) -> int:
 
 
 def trial(sets: list[str], steps: int, out: Path, reference: Path, after_steps: int,
-          delay_s: float, timeout_s: float = 540.0) -> dict[str, Any]:
-    """One driver-kill trial (module docstring); `reference`: the uninterrupted run."""
+          delay_s: float, timeout_s: float = 540.0, after_checkpoint: int = 0
+          ) -> dict[str, Any]:
+    """One driver-kill trial (module docstring); `reference`: the uninterrupted run;
+    `after_checkpoint`: kill only once a checkpoint of that many steps is complete."""
     log = out.with_suffix(".log")
     t0 = time.monotonic()
     row: dict[str, Any] = {"after_steps": after_steps, "delay_s": round(delay_s, 2)}
     row.update(kill_driver(start(train_cmd(sets, out), log), out, after_steps, delay_s,
-                           timeout_s))
+                           timeout_s, after_checkpoint))
     row["resumed_from"] = resumed_from = latest_complete(out)
     row["recomputed_steps"] = max(0, row["steps_at_kill"] - resumed_from)
     proc = start(train_cmd(sets, out, resume=True), log)
