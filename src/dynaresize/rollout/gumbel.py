@@ -19,6 +19,12 @@ import struct
 
 import torch
 
+# A vLLM request's draw parameters, in its `SamplingParams.extra_args` (`rollout.vllm_sampler`,
+# `rollout.vllm_speculative`): seed, index of its first token in this submission, temperature.
+SEED = "dynaresize_seed"
+OFFSET = "dynaresize_offset"
+TEMPERATURE = "dynaresize_temperature"
+
 _MASK32 = 0xFFFFFFFF
 _M1, _M2 = 0x85EBCA6B, 0xC2B2AE35  # murmur3's 32-bit finaliser constants
 

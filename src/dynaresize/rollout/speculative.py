@@ -135,6 +135,10 @@ class DraftPool:
     def extend(self, key: Key, tokens: list[int]) -> None:
         self._own[key].extend(tokens)
 
+    def length(self, key: Key) -> int:
+        """Tokens of `key`'s sequence (prompt and generated) the pool holds."""
+        return len(self._own[key].tokens)
+
     def finish(self, key: Key, num_generated: int) -> None:
         """The request completed here: its text stays a sibling source and enters the history."""
         index = self._drop(key)

@@ -12,6 +12,8 @@ vLLM is imported here only, lazily: `dynaresize train` works without it (docs/vl
   vLLM's teardown (which would destroy the device's groups too) is never run.
 * Exact sampling: token t's draw depends only on (request seed, t) (`rollout.vllm_sampler`), so
   a migrated request resubmitted as prompt + generated prefix continues token for token.
+* Speculative decoding (`rollout.speculative.enabled`): our drafters as vLLM's custom
+  proposer, our draw in front of its greedy verification (`rollout.vllm_speculative`).
 * Batch of one: vLLM's CPU GEMMs round differently for a single decoding sequence than for any
   batch of 2+, so when exactly one request runs the engine adds a companion request (greedy,
   discarded) and never decodes a batch of one. Cost: one extra sequence while a request runs
@@ -29,6 +31,7 @@ vLLM is imported here only, lazily: `dynaresize train` works without it (docs/vl
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import os
@@ -40,6 +43,8 @@ from typing import Any
 from dynaresize.config import RolloutConfig
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.rollout.engine_base import EngineBase
+from dynaresize.rollout.speculative import Speculation, SpeculationSettings, settings_from_config
+from dynaresize.rollout.vllm_speculative import REQUEST, VllmDrafting, install
 from dynaresize.rollout.vllm_world import drop_model_dir, model_dir, private_world
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -67,8 +72,10 @@ class VllmRolloutEngine(EngineBase):
     def __init__(self, model_path: str, *, eos_token_id: int | None, device_index: int,
                  max_running: int = 32, max_model_len: int = 512,
                  kv_cache_bytes: int = 256 * 2**20, torch_device: str = "cpu",
-                 dtype: str = "float32", companion: bool = True) -> None:
-        """`eos_token_id` None: requests stop at `max_new_tokens` only (benchmarks)."""
+                 dtype: str = "float32", companion: bool = True,
+                 speculation: SpeculationSettings | None = None) -> None:
+        """`eos_token_id` None: requests stop at `max_new_tokens` only (benchmarks);
+        `speculation`: draft and verify (`rollout.vllm_speculative`)."""
         super().__init__(eos_token_id=eos_token_id, device_index=device_index,
                          max_running=max_running)
         self._filler = eos_token_id or 0
@@ -80,6 +87,10 @@ class VllmRolloutEngine(EngineBase):
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
         self._companion_id: str | None = None
+        self.drafting = None if speculation is None else VllmDrafting(speculation)
+        self.speculation: Speculation | None = \
+            None if self.drafting is None else self.drafting.speculation
+        """Drafting state and acceptance counters (None: speculation off)."""
         t0 = time.perf_counter()
         with private_world():
             from vllm import LLM
@@ -90,11 +101,11 @@ class VllmRolloutEngine(EngineBase):
                            max_num_batched_tokens=max(max_model_len, 2048),
                            max_num_seqs=max_running + 1, kv_cache_memory_bytes=kv_cache_bytes,
                            logprobs_mode="processed_logits", max_logprobs=0,
-                           logits_processors=[
-                               "dynaresize.rollout.vllm_sampler:GumbelMaxLogitsProcessor"],
                            distributed_executor_backend="uni", seed=0,
-                           enable_sleep_mode=self.on_cuda)
+                           enable_sleep_mode=self.on_cuda, **_sampling_args(speculation))
         self.engine = self.llm.llm_engine
+        if self.drafting is not None:
+            self.llm.collective_rpc(functools.partial(install, drafting=self.drafting))
         # vLLM's own teardown (also run by a finaliser when the engine is collected) destroys
         # every torch.distributed group of the process, the device's included: `shutdown`
         # below frees the engine without it.
@@ -143,6 +154,9 @@ class VllmRolloutEngine(EngineBase):
         first, in admission order, then queued); the engine is empty."""
         if self._live:
             self.engine.abort_request(list(self._live))
+        if self.drafting is not None:
+            for request_id in self._live:
+                self.drafting.remove(request_id)
         self._abort_companion()
         out = [InflightRequest(spec=r.spec, generated=list(r.generated),
                                logprobs=list(r.logprobs)) for r in self._live.values()]
@@ -177,6 +191,8 @@ class VllmRolloutEngine(EngineBase):
             self.stats.num_generated_tokens += len(new)
             if out.finished:
                 del self._live[out.request_id]
+                if self.drafting is not None:
+                    self.drafting.finish(out.request_id, len(live.generated))
                 reason = "eos" if live.generated[-1] == self.eos_token_id else "length"  # kept
                 finished.append(Completion(spec=live.spec, tokens=live.generated,
                                            logprobs=live.logprobs, finish_reason=reason,
@@ -192,7 +208,7 @@ class VllmRolloutEngine(EngineBase):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        from dynaresize.rollout.vllm_sampler import OFFSET, SEED, TEMPERATURE
+        from dynaresize.rollout.gumbel import OFFSET, SEED, TEMPERATURE
 
         spec = item.spec
         self._check_admissible(item)
@@ -201,15 +217,17 @@ class VllmRolloutEngine(EngineBase):
         if remaining < 1 or len(context) + remaining > self.max_model_len:
             raise ValueError(f"request {spec.key}: {len(context)} context tokens + {remaining} "
                              f"to generate do not fit max_model_len {self.max_model_len}")
+        request_id = f"{spec.step}-{spec.prompt}-{spec.sample}-{next(self._ids)}"
         params = SamplingParams(
             temperature=0.0, max_tokens=remaining, ignore_eos=self.eos_token_id is None,
             stop_token_ids=[] if self.eos_token_id is None else [self.eos_token_id], logprobs=0,
             detokenize=False, output_kind=RequestOutputKind.DELTA,
             extra_args={SEED: spec.seed, OFFSET: len(item.generated),
-                        TEMPERATURE: spec.temperature})
-        request_id = f"{spec.step}-{spec.prompt}-{spec.sample}-{next(self._ids)}"
+                        TEMPERATURE: spec.temperature, REQUEST: request_id})
         self.engine.add_request(request_id, {"prompt_token_ids": context}, params)
         self._live[request_id] = _Live(spec, list(item.generated), list(item.logprobs))
+        if self.drafting is not None:
+            self.drafting.start(request_id, spec, list(item.generated))
         self.stats.num_prefill_tokens += len(context)
 
     def _keep_company(self) -> None:
@@ -261,6 +279,17 @@ class VllmRolloutEngine(EngineBase):
         gc.collect()
 
 
+def _sampling_args(speculation: SpeculationSettings | None) -> dict[str, Any]:
+    """vLLM's arguments for our sampler: the logits processor, or (speculation on, where vLLM
+    refuses custom processors) the custom proposer, whose `install` puts the draw in front of
+    vLLM's greedy verification."""
+    if speculation is None:
+        return {"logits_processors": ["dynaresize.rollout.vllm_sampler:GumbelMaxLogitsProcessor"]}
+    return {"speculative_config": {
+        "method": "custom_class", "model": "dynaresize.rollout.vllm_speculative.DraftProposer",
+        "num_speculative_tokens": speculation.max_draft_tokens}}
+
+
 def build_vllm_engine(rollout: RolloutConfig, template: Any, *, eos_token_id: int,
                       device_index: int,
                       torch_device: str) -> VllmRolloutEngine:
@@ -273,6 +302,7 @@ def build_vllm_engine(rollout: RolloutConfig, template: Any, *, eos_token_id: in
                                  max_running=rollout.max_running_requests,
                                  max_model_len=max_len,
                                  kv_cache_bytes=rollout.vllm_kv_cache_bytes,
-                                 torch_device=torch_device)
+                                 torch_device=torch_device,
+                                 speculation=settings_from_config(rollout.speculative))
     finally:
         drop_model_dir(template)

