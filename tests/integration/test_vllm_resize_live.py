@@ -1,7 +1,7 @@
 """rollout.engine = 'vllm' on the real path (Ray actors, gloo, FSDP2): a forced schedule of
 resizes in both directions, some mid-rollout with requests migrated (aborted on one vLLM
-engine, resubmitted with their prefix on another), writes the same samples as the static run;
-the twin calibrates from a vLLM run. Skipped without vLLM (CI installs it)."""
+engine, resubmitted with their prefix on another), writes the same samples as the static run,
+also with speculative decoding on; the twin calibrates from a vLLM run. Skipped without vLLM (CI installs it)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,17 @@ def test_forced_schedule_on_vllm_writes_the_static_samples(
     assert sum(e["migrated"] for e in resizes) > 0
     devices = {s["device"] for s in read_jsonl(tmp_path / "samples.jsonl")}
     assert len(devices) >= 3
+
+
+def test_speculation_on_vllm_with_migrations_writes_the_static_samples(
+        device_pool: Any, static_run: Path, tmp_path: Path) -> None:
+    """`rollout.speculative` on vLLM (`rollout.vllm_speculative`) under the same forced
+    schedule: the static run's samples (speculation off), with drafts accepted on the way."""
+    summary = run(device_pool, tmp_path, SCHEDULE, "rollout.speculative.enabled=true",
+                  "rollout.speculative.min_ngram=1")
+    assert summary["num_resizes"] == 4
+    assert sample_view(tmp_path) == sample_view(static_run)
+    assert max_param_diff(tmp_path, static_run) < 1e-2
 
 
 def test_the_twin_calibrates_from_a_vllm_run(static_run: Path) -> None:

