@@ -1,7 +1,8 @@
 """rollout.engine = 'vllm' on the real path (Ray actors, gloo, FSDP2): a forced schedule of
 resizes in both directions, some mid-rollout with requests migrated (aborted on one vLLM
 engine, resubmitted with their prefix on another), writes the same samples as the static run,
-also with speculative decoding on; the twin calibrates from a vLLM run. Skipped without vLLM (CI installs it)."""
+also with speculative decoding on; the twin calibrates from a vLLM run. Skipped without vLLM
+(CI installs it)."""
 
 from __future__ import annotations
 
@@ -66,10 +67,11 @@ def test_forced_schedule_on_vllm_writes_the_static_samples(
 def test_speculation_on_vllm_with_migrations_writes_the_static_samples(
         device_pool: Any, static_run: Path, tmp_path: Path) -> None:
     """`rollout.speculative` on vLLM (`rollout.vllm_speculative`) under the same forced
-    schedule: the static run's samples (speculation off), with drafts accepted on the way."""
+    schedule: the static run's samples (speculation off), with drafts verified on the way."""
     summary = run(device_pool, tmp_path, SCHEDULE, "rollout.speculative.enabled=true",
                   "rollout.speculative.min_ngram=1")
     assert summary["num_resizes"] == 4
+    assert summary["speculation"]["verify_iterations"] > 0
     assert sample_view(tmp_path) == sample_view(static_run)
     assert max_param_diff(tmp_path, static_run) < 1e-2
 

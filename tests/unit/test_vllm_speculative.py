@@ -76,3 +76,22 @@ def test_proposer_caps_drafts_and_skips_foreign_requests() -> None:
     proposer.bind(drafting, lambda: ["r0", None])
     tokens = torch.tensor([[1, 2, 3, 7, 8, 9, 7, 8], [0] * 8])
     assert proposer.propose([[8], [4]], [8, 2], tokens) == [[9, 7], []]
+
+
+def test_the_runs_speculation_summary_adds_every_devices_counts() -> None:
+    from dynaresize.rollout.speculative import Speculation, engine_counts, speculation_summary
+
+    spec = Speculation(SpeculationSettings())
+    spec.stats.record(4, 3)
+    spec.stats.record(2, 0)
+    engine = SimpleNamespace(stats=SimpleNamespace(num_generated_tokens=20), speculation=spec)
+    plain = SimpleNamespace(stats=SimpleNamespace(num_generated_tokens=10), speculation=None)
+    counts = [engine_counts(engine), engine_counts(plain)]
+    assert counts[1] == {"generated_tokens": 10, "verify_iterations": 0, "draft_tokens": 0,
+                         "accepted_tokens": 0}
+    got = speculation_summary(counts)
+    # 30 tokens, 3 of them accepted drafts: 27 forwards of a request
+    assert got == {"generated_tokens": 30, "verify_iterations": 2, "draft_tokens": 6,
+                   "accepted_tokens": 3, "tokens_per_forward": round(30 / 27, 4),
+                   "mean_accepted_per_verify": 1.5}
+    assert speculation_summary([])["tokens_per_forward"] is None

@@ -118,6 +118,18 @@ def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
         ray.shutdown()
 
 
+def _speculation(devices: list[Any]) -> dict[str, Any]:
+    """The run's speculative decoding (`speculation_summary`) from every live device's
+    counters (a device lost to a fault is left out)."""
+    from dynaresize.rollout.speculative import speculation_summary
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*(d.stats() for d in devices), return_exceptions=True)
+
+    rows = [s["rollout_counts"] for s in asyncio.run(gather()) if isinstance(s, dict)]
+    return speculation_summary(rows)
+
+
 def _eval_summary(evaluator: Any) -> dict[str, Any]:
     """The first and last held-out accuracy (none without evaluation results) and the
     versions whose evaluation was skipped (its worker died and did not come back)."""
@@ -235,6 +247,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         summary.update(nodes=pool.num_nodes,
                        device_nodes=[pool.node_of[i] for i in range(pool.num_devices)],
                        **_eval_summary(evaluator), **injector.summary(orch.recovery.records))
+        if cfg.rollout.speculative.enabled:
+            summary["speculation"] = _speculation(devices)
         rundir.summary(summary)
         pool, evaluator = _free_devices(evaluator, pool, own_pool), None
         _write_final_model(cfg, orch.versions, rundir.path)

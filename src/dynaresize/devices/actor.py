@@ -17,6 +17,7 @@ from dynaresize.devices.network import LOOPBACK, base_env, loopback_env, network
 from dynaresize.devices.settings import DeviceSettings
 from dynaresize.devices.world import init_world, open_store
 from dynaresize.rollout.engine_base import Engine
+from dynaresize.rollout.speculative import COUNTS, engine_counts
 
 __all__ = ["LOOPBACK", "DeviceActor", "loopback_env"]
 
@@ -97,6 +98,8 @@ class DeviceActor:
         self._trim_due = False
         """A load_weights since the last `release_free_memory` (run_rollout does it)."""
         self.engine: Engine | None = None
+        self._dropped_counts: dict[str, int] = {}
+        """Rollout counters of the engines this device has dropped (`rollout_counts`)."""
         self.trainer: Any = None
         self._next_trainer: Any = None
         self._old_trainer: Any = None
@@ -262,6 +265,8 @@ class DeviceActor:
         """Let go of the rollout engine (a vLLM engine is shut down: frees its memory)."""
         engine, self.engine = self.engine, None
         if engine is not None:
+            for key, value in engine_counts(engine).items():
+                self._dropped_counts[key] = self._dropped_counts.get(key, 0) + value
             engine.shutdown()
 
     def _engine(self) -> Engine:
@@ -385,5 +390,8 @@ class DeviceActor:
         restore_shards(self.trainer, kept, optimizer_step)
 
     def stats(self) -> dict[str, Any]:
+        current = engine_counts(self.engine) if self.engine is not None else {}
         return {"pid": os.getpid(), "group_creations": self.group_creations,
-                "num_groups": len(self.groups)}
+                "num_groups": len(self.groups),
+                "rollout_counts": {k: self._dropped_counts.get(k, 0) + current.get(k, 0)
+                                   for k in COUNTS}}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dynaresize.config.speculative import SpeculativeConfig
@@ -218,6 +218,32 @@ class SpeculationStats:
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
         self.accepted_histogram[num_accepted] = self.accepted_histogram.get(num_accepted, 0) + 1
+
+
+COUNTS = ("generated_tokens", "verify_iterations", "draft_tokens", "accepted_tokens")
+"""A device's rollout counters over its engines' lives (`engine_counts`; the run's summary)."""
+
+
+def engine_counts(engine: Any) -> dict[str, int]:
+    """`COUNTS` of one engine (speculation's are 0 with it off)."""
+    spec = getattr(engine, "speculation", None)
+    stats = spec.stats if spec is not None else SpeculationStats()
+    return {"generated_tokens": engine.stats.num_generated_tokens,
+            "verify_iterations": stats.num_verify_iterations,
+            "draft_tokens": stats.num_draft_tokens, "accepted_tokens": stats.num_accepted_tokens}
+
+
+def speculation_summary(devices: list[dict[str, int]]) -> dict[str, Any]:
+    """The run's speculation, from every device's `COUNTS`: each request's forward emits one
+    token plus its accepted drafts, so tokens per forward is generated / (generated -
+    accepted)."""
+    total = {key: sum(d.get(key, 0) for d in devices) for key in COUNTS}
+    forwards = total["generated_tokens"] - total["accepted_tokens"]
+    return {**total, "tokens_per_forward":
+            round(total["generated_tokens"] / forwards, 4) if forwards > 0 else None,
+            "mean_accepted_per_verify": round(total["accepted_tokens"]
+                                              / total["verify_iterations"], 4)
+            if total["verify_iterations"] else None}
 
 
 @dataclass(frozen=True)
