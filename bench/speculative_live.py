@@ -1,0 +1,119 @@
+"""A real tail on vLLM, training live, with speculative decoding off and on: two runs of
+`examples/real-tail-vllm.toml` (SmolLM2-135M, gsm_symbolic chain-of-thought answers of up to
+256 tokens, 2 vLLM rollout devices and 1 training device), one after the other, compared.
+
+Reported: whether both wrote the same records (samples.jsonl without `device`, which follows
+placement timing) and the same weights (`param_sha256`), the rollout's and the step's seconds,
+rollout tokens/s, and the run's acceptance (`summary.json` "speculation": tokens per forward of
+a request, accepted drafts per verify iteration). The runs follow each other on a shared
+machine, so their seconds carry its load; `bench/speculative_vllm.py` measures the speed side by
+side, step by step. `--write-results` writes the block into docs/results.md.
+
+    python bench/speculative_live.py --steps 3 --write-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+START, END = "<!-- bench-speculative-live:start -->", "<!-- bench-speculative-live:end -->"
+CONFIG = ROOT / "examples" / "real-tail-vllm.toml"
+
+
+def train(out: Path, steps: int, speculation: bool) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "dynaresize", "train", "--config", str(CONFIG), "--out",
+           str(out), "--set", f"run.steps={steps}", "--set", "output.progress='plain'",
+           "--set", f"rollout.speculative.enabled={'true' if speculation else 'false'}"]
+    print("$", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = {}
+    for line in (out / "samples.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        records[(r["step"], r["prompt"], r["sample"])] = {k: v for k, v in r.items()
+                                                          if k != "device"}
+    summary = json.loads((out / "summary.json").read_text())
+    return {"metrics": metrics, "records": records, "summary": summary}
+
+
+def compare(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
+    def total(run: dict[str, Any], key: str) -> float:
+        return sum(m[key] for m in run["metrics"])
+
+    lengths = sorted(r["response_tokens"] for r in off["records"].values())
+    return {
+        "steps": len(off["metrics"]), "samples": len(off["records"]),
+        "same_records": off["records"] == on["records"],
+        "same_weights": off["summary"]["param_sha256"] == on["summary"]["param_sha256"],
+        "response_tokens": {"median": lengths[len(lengths) // 2], "max": lengths[-1]},
+        "rollout_s": {n: total(r, "rollout_s") for n, r in (("off", off), ("on", on))},
+        "step_s": {n: total(r, "step_s") / len(r["metrics"])
+                   for n, r in (("off", off), ("on", on))},
+        "rollout_tokens_per_s": {n: total(r, "tokens") / total(r, "rollout_s")
+                                 for n, r in (("off", off), ("on", on))},
+        "speculation": on["summary"]["speculation"],
+    }
+
+
+def format_block(r: dict[str, Any]) -> str:
+    rs, ss, ts, sp = r["rollout_s"], r["step_s"], r["rollout_tokens_per_s"], r["speculation"]
+    return "\n".join([
+        START,
+        f"`python bench/speculative_live.py --steps {r['steps']}` (examples/real-tail-vllm.toml:"
+        f" SmolLM2-135M on vLLM, gsm_symbolic chain of thought at temperature 0.6, "
+        f"{r['samples']} samples over {r['steps']} steps, responses of median "
+        f"{r['response_tokens']['median']} and up to {r['response_tokens']['max']} tokens; "
+        f"the two runs one after the other on the shared 2-core machine):",
+        "",
+        "| speculation | rollout s (all steps) | rollout tokens/s | step s (mean) |",
+        "|---|---:|---:|---:|",
+        f"| off | {rs['off']:.1f} | {ts['off']:.2f} | {ss['off']:.1f} |",
+        f"| on | {rs['on']:.1f} | {ts['on']:.2f} | {ss['on']:.1f} |",
+        "",
+        f"On / off: rollout **{rs['off'] / rs['on']:.2f}x** faster, step "
+        f"{ss['off'] / ss['on']:.2f}x. Records identical: "
+        f"**{'yes' if r['same_records'] else 'NO'}**; weights identical: "
+        f"{'yes' if r['same_weights'] else 'no'}. Acceptance (summary.json): "
+        f"{sp['tokens_per_forward']} tokens per forward of a request, "
+        f"{sp['mean_accepted_per_verify']} accepted drafts per verify iteration "
+        f"({sp['accepted_tokens']} of {sp['draft_tokens']} draft tokens).",
+        END])
+
+
+def write_block(block: str, path: Path = ROOT / "docs" / "results.md") -> None:
+    text = path.read_text(encoding="utf-8")
+    if START in text:
+        head, rest = text.split(START, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## A real tail on vLLM, training live\n\n" + block + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="keep the two run folders here (default: a temporary folder)")
+    parser.add_argument("--write-results", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.out or Path(tmp)
+        off = train(root / "off", args.steps, speculation=False)
+        on = train(root / "on", args.steps, speculation=True)
+    result = compare(off, on)
+    block = format_block(result)
+    print(block)
+    if args.write_results:
+        write_block(block)
+
+
+if __name__ == "__main__":
+    main()
