@@ -4,8 +4,9 @@ written to docs/results.md (between `<!-- twin-async:start -->` and `<!-- twin-a
     python bench/tail_async.py                 # the cases below, 8 steps
     python bench/tail_async.py --cases 0 --steps 4 --no-write
 
-Per tailed case, speculation (off, the `das` preset, and the calibrated histogram
-docs/data/spec_acceptance.json when it exists) and staleness (0, 2): `simulate` with
+Per tailed case, speculation (off, the `das` preset, and the histograms measured live when they
+exist: docs/data/spec_acceptance.json of the builtin engine, spec_acceptance_vllm_t*.json of
+vLLM) and staleness (0, 2): `simulate` with
 static, hysteresis, reference, fully-async and oracle (every row with the same speculation),
 and one more hysteresis run at the static split with every request's submission and
 completion recorded (bench/gap.py's `Recorder`, the twin's recording hook) for the tail: the
@@ -47,7 +48,12 @@ STALENESS = (0, 2)
 
 
 def speculations() -> list[str]:
-    return ["off", "das"] + ([str(CALIBRATED)] if CALIBRATED.is_file() else [])
+    """off, the DAS-sized preset, and each histogram measured live: the builtin engine's
+    (docs/data/spec_acceptance.json) and vLLM's per temperature
+    (docs/data/spec_acceptance_vllm_t*.json, bench/speculative_vllm.py)."""
+    measured = sorted(CALIBRATED.parent.glob("spec_acceptance_vllm_t*.json"))
+    return ["off", "das"] + ([str(CALIBRATED)] if CALIBRATED.is_file() else []) + \
+        [str(p) for p in measured]
 
 
 def tail_of(workload: Any, gpus: int, split: int, steps: int, staleness: int,
