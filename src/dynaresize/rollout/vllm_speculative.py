@@ -111,7 +111,7 @@ class DraftProposer:
         if self._drafting is None:
             return [[] for _ in sampled_token_ids]
         ids = self._request_ids()
-        running = len(sampled_token_ids)
+        running = sum(i is not None for i in ids)  # ours: not the engine's companion
         return [[] if ids[i] is None else self._drafting.propose(ids[i], sampled,
                                        token_ids_cpu[i, :int(num_tokens_no_spec[i])].tolist(),
                                        running)[:self.max_drafts]
