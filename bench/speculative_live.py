@@ -22,6 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policies import write_block  # noqa: E402  (bench/ is not a package)
+
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench-speculative-live:start -->", "<!-- bench-speculative-live:end -->"
 CONFIG = ROOT / "examples" / "real-tail-vllm.toml"
@@ -65,7 +68,6 @@ def compare(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
 def format_block(r: dict[str, Any]) -> str:
     rs, ss, ts, sp = r["rollout_s"], r["step_s"], r["rollout_tokens_per_s"], r["speculation"]
     return "\n".join([
-        START,
         f"`python bench/speculative_live.py --steps {r['steps']}` (examples/real-tail-vllm.toml:"
         f" SmolLM2-135M on vLLM, gsm_symbolic chain of thought at temperature 0.6, "
         f"{r['samples']} samples over {r['steps']} steps, responses of median "
@@ -83,18 +85,7 @@ def format_block(r: dict[str, Any]) -> str:
         f"{'yes' if r['same_weights'] else 'no'}. Acceptance (summary.json): "
         f"{sp['tokens_per_forward']} tokens per forward of a request, "
         f"{sp['mean_accepted_per_verify']} accepted drafts per verify iteration "
-        f"({sp['accepted_tokens']} of {sp['draft_tokens']} draft tokens).",
-        END])
-
-
-def write_block(block: str, path: Path = ROOT / "docs" / "results.md") -> None:
-    text = path.read_text(encoding="utf-8")
-    if START in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## A real tail on vLLM, training live\n\n" + block + "\n"
-    path.write_text(text, encoding="utf-8")
+        f"({sp['accepted_tokens']} of {sp['draft_tokens']} draft tokens)."])
 
 
 def main() -> None:
@@ -112,7 +103,7 @@ def main() -> None:
     block = format_block(result)
     print(block)
     if args.write_results:
-        write_block(block)
+        write_block(START, END, block)
 
 
 if __name__ == "__main__":

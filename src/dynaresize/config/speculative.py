@@ -37,7 +37,9 @@ class SpeculativeConfig:
     max_ngram: int = _doc("Longest context suffix a draft is matched on, tokens.", default=4)
     full_batch: int = _doc("Length-aware budget: no drafts while an engine runs this many "
                            "requests, fewer as it fills (0: never full; the builtin engine's "
-                           "fixed-row forwards make drafts free).", default=0)
+                           "fixed-row forwards make drafts free). vLLM: set it (e.g. 3); a "
+                           "batch's verify forward pays its drafts' compute "
+                           "(docs/speculative.md).", default=0)
     long_tokens: int = _doc("Length-aware budget: requests predicted to need fewer tokens than "
                             "this get proportionally fewer drafts (0: no length scaling).",
                             default=0)
