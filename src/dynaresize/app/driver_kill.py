@@ -81,7 +81,7 @@ def kill_driver(proc: subprocess.Popen[bytes], out: Path, after_steps: int, dela
         if time.monotonic() > deadline:
             raise TimeoutError(f"{out}: {after_steps} steps (a checkpoint of "
                                f"{after_checkpoint}) not reached in {timeout_s} s")
-        time.sleep(0.2)
+        time.sleep(0.05)
     time.sleep(delay_s)
     if proc.poll() is not None:
         return {"killed": False, "steps_at_kill": num_lines(out / "metrics.jsonl")}

@@ -106,6 +106,11 @@ class VllmRolloutEngine(EngineBase):
         self.engine = self.llm.llm_engine
         if self.drafting is not None:
             self.llm.collective_rpc(functools.partial(install, drafting=self.drafting))
+            if not self.drafting.installed:  # the worker got a copy: another process
+                raise RuntimeError("rollout.speculative on vLLM needs its in-process engine "
+                                   "core (VLLM_ENABLE_V1_MULTIPROCESSING=0, this module's "
+                                   "default); it is set to "
+                                   f"{os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING')!r}")
         # vLLM's own teardown (also run by a finaliser when the engine is collected) destroys
         # every torch.distributed group of the process, the device's included: `shutdown`
         # below frees the engine without it.

@@ -45,6 +45,8 @@ class VllmDrafting:
 
     def __init__(self, settings: SpeculationSettings) -> None:
         self.speculation = Speculation(settings)
+        self.installed = False
+        """Set by `install` on this very object (in vLLM's in-process engine core only)."""
         self._requests: dict[str, RequestSpec] = {}
         self._drafted: dict[str, int] = {}
         """request id -> draft tokens proposed for its next verify forward."""
@@ -65,11 +67,17 @@ class VllmDrafting:
         if spec is not None:
             self.speculation.pool.remove(spec.key)
 
-    def propose(self, request_id: str, sampled: Sequence[int], sequence: Sequence[int],
+    def propose(self, request_id: str, sampled: Sequence[int], sequence: Any,
                 num_running: int) -> list[int]:
         """Drafts for the request's next forward. `sampled`: the tokens its last forward gave
         (1 + accepted drafts; empty while its prompt is still being read); `sequence`: its
-        context and every token so far, as vLLM holds it."""
+        context and every token so far, as vLLM holds it (a view of vLLM's token buffer: only
+        the tokens the pool lacks are copied).
+
+        The counters (`speculation.stats`) count the drafts proposed: vLLM may verify fewer
+        (the scheduler trims drafts to its token budget, drops them on preemption, and drafts
+        token 0 for the whole batch when one request nears `max_model_len`). The tokens
+        themselves never depend on what was drafted."""
         spec = self._requests.get(request_id)
         if spec is None:  # gone (aborted while vLLM still held it)
             return []
@@ -79,7 +87,7 @@ class VllmDrafting:
         if not sampled:
             return []
         pool = self.speculation.pool
-        pool.extend(spec.key, list(sequence[pool.length(spec.key):]))
+        pool.extend(spec.key, [int(t) for t in sequence[pool.length(spec.key):]])
         drafts = self.speculation.drafts(
             spec.key, num_generated=len(sequence) - len(spec.prompt_tokens),
             max_new_tokens=spec.max_new_tokens, num_running=num_running)
@@ -112,9 +120,9 @@ class DraftProposer:
             return [[] for _ in sampled_token_ids]
         ids = self._request_ids()
         running = sum(i is not None for i in ids)  # ours: not the engine's companion
-        return [[] if ids[i] is None else self._drafting.propose(ids[i], sampled,
-                                       token_ids_cpu[i, :int(num_tokens_no_spec[i])].tolist(),
-                                       running)[:self.max_drafts]
+        return [[] if ids[i] is None else self._drafting.propose(
+                    ids[i], sampled, token_ids_cpu[i, :int(num_tokens_no_spec[i])],
+                    running)[:self.max_drafts]
                 for i, sampled in enumerate(sampled_token_ids)]
 
 
@@ -178,9 +186,13 @@ def install(worker: Any, drafting: VllmDrafting) -> None:
 
     def sample(logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
         if logits is not None:
+            # float32, as vLLM's sampler takes them, so that a bf16 model's log-probs are
+            # written at the precision the processor writes them without speculation
+            logits = logits.float()
             draw_rows(runner.input_batch, runner.requests, logits,
                       None if spec_decode_metadata is None
                       else spec_decode_metadata.num_draft_tokens)
         return vllm_sample(logits, spec_decode_metadata)
 
     runner._sample = sample
+    drafting.installed = True
