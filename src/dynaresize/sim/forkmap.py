@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -39,6 +40,13 @@ def _call(item: Any) -> Any:
     return _FN(item)
 
 
+def _worker_start() -> None:
+    """A forked worker drops the signal handlers it inherited: a Ray driver's SIGTERM handler,
+    for one, would drain and kill the parent's Ray node from inside the worker (and hang it)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def fork_map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
     """`[fn(x) for x in items]`, computed by up to `workers` forked processes (each takes the
     next item as it finishes one: put the longest first). An exception in `fn` is raised
@@ -49,8 +57,14 @@ def fork_map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
             or multiprocessing.current_process().daemon:
         return [fn(x) for x in items]  # (no forks from within a worker: daemons have none)
     _FN = fn
+    pool = multiprocessing.get_context("fork").Pool(min(workers, len(items)), _worker_start)
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(items))) as pool:
-            return pool.map(_call, items, chunksize=1)
+        out = pool.map(_call, items, chunksize=1)
+        pool.close()  # the workers end by themselves once the queue is done: no signal needed
+        pool.join()
+        return out
+    except BaseException:
+        pool.terminate()
+        raise
     finally:
         _FN = None
