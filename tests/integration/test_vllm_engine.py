@@ -13,18 +13,14 @@ import pytest
 pytest.importorskip("vllm")
 
 import torch  # noqa: E402
+from vllm_tiny import EOS, run_all, tiny_model  # noqa: E402
 
-from dynaresize.config import load_config  # noqa: E402
 from dynaresize.core.types import RequestSpec, request_seed  # noqa: E402
-from dynaresize.models import build_model  # noqa: E402
-
-VOCAB, EOS = 64, 1
 
 
 @pytest.fixture(scope="module")
 def model() -> Any:
-    cfg = load_config(None, ["model.num_heads=2"])
-    return build_model(cfg.model, VOCAB, eos_token_id=EOS, bos_token_id=0, pad_token_id=2)
+    return tiny_model()
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +37,6 @@ def specs(num: int, version: int = 0, max_new: int = 24) -> list[RequestSpec]:
     return [RequestSpec(0, i // 2, i % 2, version, tuple(range(3, 5 + i % 4)), max_new,
                         request_seed(5, 0, i // 2, i % 2), temperature=1.0 + 0.25 * (i % 2))
             for i in range(num)]
-
-
-def run_all(engine: Any, items: list[Any]) -> dict[tuple[int, int, int], Any]:
-    for item in items:
-        engine.add(item)
-    done = engine.run(120.0, until_empty=True)
-    assert engine.num_running == 0 and engine.num_waiting == 0
-    return {c.spec.key: c for c in done}
 
 
 def test_repeat_and_migration_give_the_same_tokens(engine: Any) -> None:

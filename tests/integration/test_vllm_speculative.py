@@ -13,19 +13,15 @@ import pytest
 pytest.importorskip("vllm")
 
 import torch  # noqa: E402
+from vllm_tiny import run_all, tiny_model  # noqa: E402
 
-from dynaresize.config import load_config  # noqa: E402
 from dynaresize.core.types import RequestSpec, request_seed  # noqa: E402
-from dynaresize.models import build_model  # noqa: E402
 from dynaresize.rollout.speculative import SpeculationSettings  # noqa: E402
-
-VOCAB, EOS = 64, 1
 
 
 @pytest.fixture(scope="module")
 def model() -> Any:
-    cfg = load_config(None, ["model.num_heads=2"])
-    return build_model(cfg.model, VOCAB, eos_token_id=EOS, bos_token_id=0, pad_token_id=2)
+    return tiny_model()
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +44,6 @@ def specs(num: int, version: int = 0, max_new: int = 64) -> list[RequestSpec]:
     return [RequestSpec(0, i // 2, i % 2, version, tuple(range(3, 5 + i % 4)) * 2, max_new,
                         request_seed(11, 0, i // 2, i % 2), temperature=0.05 + 0.6 * (i % 2))
             for i in range(num)]
-
-
-def run_all(engine: Any, items: list[Any]) -> dict[tuple[int, int, int], Any]:
-    for item in items:
-        engine.add(item)
-    done = engine.run(300.0, until_empty=True)
-    assert engine.num_running == 0 and engine.num_waiting == 0
-    return {c.spec.key: c for c in done}
 
 
 def same(a: dict[Any, Any], b: dict[Any, Any]) -> None:
