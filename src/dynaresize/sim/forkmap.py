@@ -57,14 +57,12 @@ def fork_map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
             or multiprocessing.current_process().daemon:
         return [fn(x) for x in items]  # (no forks from within a worker: daemons have none)
     _FN = fn
-    pool = multiprocessing.get_context("fork").Pool(min(workers, len(items)), _worker_start)
     try:
-        out = pool.map(_call, items, chunksize=1)
-        pool.close()  # the workers end by themselves once the queue is done: no signal needed
-        pool.join()
-        return out
-    except BaseException:
-        pool.terminate()
-        raise
+        context = multiprocessing.get_context("fork")
+        with context.Pool(min(workers, len(items)), _worker_start) as pool:
+            out = pool.map(_call, items, chunksize=1)
+            pool.close()  # the workers end by themselves once the queue is done, so the
+            pool.join()  # exit's terminate (kept for errors) has no worker left to signal
+            return out
     finally:
         _FN = None
