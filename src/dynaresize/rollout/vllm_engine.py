@@ -232,7 +232,7 @@ class VllmRolloutEngine(EngineBase):
         self.engine.add_request(request_id, {"prompt_token_ids": context}, params)
         self._live[request_id] = _Live(spec, list(item.generated), list(item.logprobs))
         if self.drafting is not None:
-            self.drafting.start(request_id, spec, list(item.generated))
+            self.drafting.start(request_id, spec, item.generated)
         self.stats.num_prefill_tokens += len(context)
 
     def _keep_company(self) -> None:
