@@ -27,12 +27,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from policies import write_block  # bench/policies.py: a results block between markers
 from speculative import per_iteration  # bench/speculative.py (the builtin engine's bench)
 
 
-def markers(temperature: float, concurrent: int = 1) -> tuple[str, str]:
-    """The results block of one temperature and concurrency (each keeps its own block)."""
-    name = f"t{temperature:g}" + (f"-c{concurrent}" if concurrent != 1 else "")
+def markers(temperature: float, concurrent: int = 1, full_batch: int = 0) -> tuple[str, str]:
+    """The results block of one setting (temperature, concurrency, budget): each its own."""
+    name = f"t{temperature:g}" + (f"-c{concurrent}" if concurrent != 1 else "") + \
+        (f"-fb{full_batch}" if full_batch else "")
     return (f"<!-- bench-speculative-vllm-{name}:start -->",
             f"<!-- bench-speculative-vllm-{name}:end -->")
 
@@ -189,9 +191,7 @@ def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
 def format_block(r: dict[str, Any]) -> str:
     t, tt = r["tokens_per_s"], r["tail_tokens_per_s"]
     f, tf = r["tokens_per_forward"], r["tail_tokens_per_forward"]
-    start, end = markers(r["temperature"], r["concurrent"])
     return "\n".join([
-        start,
         f"`python bench/speculative_vllm.py --temperature {r['temperature']:g}"
         + (f" --concurrent {r['concurrent']}" if r["concurrent"] != 1 else "")
         + (f" --full-batch {r['full_batch']}" if r["full_batch"] else "") + "` "
@@ -213,24 +213,7 @@ def format_block(r: dict[str, Any]) -> str:
         f"difference on identical requests {r['max_logprob_diff']:.1e}. Accepted drafts per "
         f"verify iteration: mean {r['mean_accepted_per_verify']:.2f} over "
         f"{r['verify_iterations']} iterations ({r['accepted_tokens']} of {r['draft_tokens']} "
-        f"draft tokens; histogram {r['accepted_histogram']}).",
-        end])
-
-
-def write_block(block: str, temperature: float, concurrent: int = 1,
-                path: Path = ROOT / "docs" / "results.md") -> None:
-    start, end = markers(temperature, concurrent)
-    text = path.read_text(encoding="utf-8")
-    if start in text:
-        head, rest = text.split(start, 1)
-        text = head + block + rest.split(end, 1)[1]
-    elif "## Exact speculative decoding on vLLM (live)" in text:
-        head, rest = text.split("## Exact speculative decoding on vLLM (live)\n\n", 1)
-        text = head + "## Exact speculative decoding on vLLM (live)\n\n" + block + "\n\n" + rest
-    else:
-        text = text.rstrip("\n") + "\n\n## Exact speculative decoding on vLLM (live)\n\n" + \
-            block + "\n"
-    path.write_text(text, encoding="utf-8")
+        f"draft tokens; histogram {r['accepted_histogram']})."])
 
 
 def main() -> None:
@@ -252,7 +235,7 @@ def main() -> None:
     block = format_block(result)
     print(block)
     if args.write_results:
-        write_block(block, args.temperature, args.concurrent)
+        write_block(*markers(args.temperature, args.concurrent, args.full_batch), block)
         if args.concurrent == 1 and not args.full_batch:  # the tail's acceptance, for the twin
             out = ROOT / "docs" / "data" / f"spec_acceptance_vllm_t{args.temperature:g}.json"
             out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
