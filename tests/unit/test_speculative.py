@@ -36,6 +36,20 @@ def test_prefix_drafter_copies_a_repeated_phrase():
     assert pool.propose((0, 0, 0), 0) == []
 
 
+def test_default_drafts_after_any_token_seen_before_longest_match_first():
+    # min_ngram defaults to 1 (the most accepted tokens per forward on SmolLM2 responses,
+    # bench/drafter_replay.py); a longer match still wins over a single token
+    pool = DraftPool(("prefix",))
+    assert (pool.min_ngram, pool.max_ngram) == (1, 4)
+    assert SpeculationSettings().min_ngram == 1
+    pool.start((0, 0, 0), (5, 6), [7, 5])
+    assert pool.propose((0, 0, 0), 3) == [6, 7, 5]  # after the one token 5: as at its start
+    pool.extend((0, 0, 0), [9, 7, 8, 5])
+    assert pool.propose((0, 0, 0), 2) == [9, 7]  # 5 was last followed by 9
+    pool.extend((0, 0, 0), [6])  # context ... 8 5 6: the two-token (5, 6) matches the prompt
+    assert pool.propose((0, 0, 0), 2) == [7, 5]
+
+
 def test_sibling_drafter_uses_the_group_but_not_other_prompts():
     pool = DraftPool(("siblings",), min_ngram=2, max_ngram=2)
     pool.start((0, 0, 0), (5, 6), [1, 2, 3, 4])

@@ -33,7 +33,9 @@ class SpeculativeConfig:
     drafters: str = _doc("Comma-separated draft sources: 'prefix' (the request's own text), "
                          "'siblings' (its GRPO group's text on the engine), 'history' (earlier "
                          "responses to the same prompt).", default="prefix,siblings,history")
-    min_ngram: int = _doc("Shortest context suffix a draft is matched on, tokens.", default=2)
+    min_ngram: int = _doc("Shortest context suffix a draft is matched on, tokens (1: a draft "
+                          "after any token seen before; measured the most accepted, "
+                          "docs/speculative.md).", default=1)
     max_ngram: int = _doc("Longest context suffix a draft is matched on, tokens.", default=4)
     full_batch: int = _doc("Length-aware budget: no drafts while an engine runs this many "
                            "requests, fewer as it fills (0: never full; the builtin engine's "

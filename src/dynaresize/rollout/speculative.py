@@ -108,7 +108,7 @@ class DraftPool:
     """The drafters' state of one engine: every running request's sequence, by GRPO group, and
     a bounded history of finished responses by prompt (module docstring)."""
 
-    def __init__(self, drafters: tuple[str, ...] = DRAFTERS, *, min_ngram: int = 2,
+    def __init__(self, drafters: tuple[str, ...] = DRAFTERS, *, min_ngram: int = 1,
                  max_ngram: int = 4, history_prompts: int = 256,
                  history_responses: int = 16) -> None:
         unknown = set(drafters) - set(DRAFTERS)
@@ -252,7 +252,7 @@ class SpeculationSettings:
 
     max_draft_tokens: int = 7
     drafters: tuple[str, ...] = DRAFTERS
-    min_ngram: int = 2
+    min_ngram: int = 1
     max_ngram: int = 4
     full_batch: int = 0
     long_tokens: int = 0

@@ -1,0 +1,148 @@
+"""The drafters' settings, replayed offline on real responses: tokens per forward of exact
+speculative decoding for each setting, without a model forward per setting.
+
+Verification is by equality with the token the sampler draws (docs/speculative.md), and that
+token does not depend on the drafts, so how many drafts a forward accepts is a function of the
+response's tokens alone. This bench generates responses once (SmolLM2-135M on vLLM, speculation
+off, the chain-of-thought task of bench/speculative_vllm.py; cached in `--cache`), then serves
+them again through `rollout.speculative.Speculation` for every setting of the grid: each
+verify iteration drafts with the full budget (a lightly loaded engine, as in the tail), keeps
+the drafts up to the first that differs from the response, and emits one more token. A GRPO
+group's samples are served one after another (later samples see their finished siblings) and
+every prompt for `--rounds` steps (the history drafter sees earlier steps), as in
+bench/speculative_vllm.py. Its measured tokens per forward at temperature 0.6 and 1.0 match
+this replay's at the same setting (docs/results.md).
+
+    python bench/drafter_replay.py --temperature 0.6 --write-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from policies import write_block  # bench/policies.py: a results block between markers
+from speculative_vllm import TASK, _serve  # bench/speculative_vllm.py
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = [(7, 2, 4), (7, 1, 4), (7, 3, 4), (7, 1, 6), (16, 2, 4), (16, 1, 4), (16, 1, 6)]
+"""(max_draft_tokens, min_ngram, max_ngram) settings replayed."""
+
+
+def markers(temperature: float) -> tuple[str, str]:
+    name = f"t{temperature:g}"
+    return f"<!-- drafter-replay-{name}:start -->", f"<!-- drafter-replay-{name}:end -->"
+
+
+def generate(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Responses (tokens) of `--prompts` x `--samples` x `--rounds` requests, speculation off."""
+    from dynaresize.config import load_config
+    from dynaresize.core.types import RequestSpec, request_seed
+    from dynaresize.models import build_model
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, drop_model_dir, model_dir
+    from dynaresize.tasks import make_task
+
+    cfg = load_config(None, [*TASK, f"task.max_new_tokens={args.max_new_tokens}",
+                             "rollout.engine='vllm'"])
+    task = make_task(cfg)
+    tok = task.tokenizer
+    prompts = task.batch(0, args.prompts, cfg.run.seed)
+    model = build_model(cfg.model, tok.vocab_size, eos_token_id=tok.eos_id,
+                        bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
+    path = model_dir(model)
+    try:
+        engine = VllmRolloutEngine(
+            path, eos_token_id=tok.eos_id, device_index=0, max_running=8,
+            max_model_len=max(len(p.tokens) for p in prompts) + args.max_new_tokens + 8,
+            kv_cache_bytes=256 * 2**20)
+    finally:
+        drop_model_dir(model)
+    rows: list[dict[str, Any]] = []
+    for step in range(args.rounds):
+        specs = [RequestSpec(step, p.id, s, 0, p.tokens, args.max_new_tokens,
+                             request_seed(cfg.run.seed, step, p.id, s), args.temperature)
+                 for p in prompts for s in range(args.samples)]
+        for first in range(0, len(specs), 8):
+            out = _serve({"off": engine}, specs[first:first + 8])["off"]
+            rows += [{"step": s.step, "prompt": s.prompt, "sample": s.sample,
+                      "prompt_tokens": list(s.prompt_tokens),
+                      "tokens": list(out[s.key]["completion"].tokens)}
+                     for s in specs[first:first + 8]]
+        print(f"generated step {step}: {len(rows)} responses", flush=True)
+    engine.shutdown()
+    return rows
+
+
+def replay(rows: list[dict[str, Any]], max_draft_tokens: int, min_ngram: int,
+           max_ngram: int, max_new_tokens: int) -> dict[str, float]:
+    """Tokens per forward (and over the longest quarter) of `rows` served one at a time."""
+    from dynaresize.rollout.speculative import Speculation, SpeculationSettings
+
+    spec = Speculation(SpeculationSettings(max_draft_tokens=max_draft_tokens,
+                                           min_ngram=min_ngram, max_ngram=max_ngram))
+    forwards: list[tuple[int, int]] = []
+    for r in sorted(rows, key=lambda r: (r["step"], r["prompt"], r["sample"])):
+        key, tokens = (r["step"], r["prompt"], r["sample"]), r["tokens"]
+        spec.pool.start(key, tuple(r["prompt_tokens"]), [])
+        done = num_forwards = 0
+        while done < len(tokens):
+            drafts = spec.drafts(key, num_generated=done, max_new_tokens=max_new_tokens,
+                                 num_running=1)
+            kept = next((i for i, d in enumerate(drafts)
+                         if done + i >= len(tokens) or tokens[done + i] != d), len(drafts))
+            emitted = tokens[done:done + kept + 1]
+            spec.pool.extend(key, emitted)
+            done += len(emitted)
+            num_forwards += 1
+        spec.pool.finish(key, len(tokens))
+        forwards.append((len(tokens), num_forwards))
+    tail = sorted(forwards)[-max(1, len(forwards) // 4):]
+    return {"tokens_per_forward": sum(t for t, _ in forwards) / sum(f for _, f in forwards),
+            "tail_tokens_per_forward": sum(t for t, _ in tail) / sum(f for _, f in tail)}
+
+
+def format_block(args: argparse.Namespace, rows: list[dict[str, Any]],
+                 results: list[tuple[tuple[int, int, int], dict[str, float]]]) -> str:
+    head = (f"`python bench/drafter_replay.py --temperature {args.temperature:g}` "
+            f"(smollm2-135m on vLLM, reasoning_gym gsm_symbolic, chat; {len(rows)} responses "
+            f"of up to {args.max_new_tokens} tokens, {sum(len(r['tokens']) for r in rows)} "
+            f"tokens, {args.prompts} prompts x {args.samples} samples x {args.rounds} steps, "
+            f"served one at a time; measured {time.strftime('%Y-%m-%d')}). Tokens per forward "
+            f"with exact speculation (1.00 without), every setting on the same responses:")
+    lines = ["| max_draft_tokens | min_ngram | max_ngram | tokens per forward | tail (longest "
+             "quarter) |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {d} | {lo} | {hi} | {r['tokens_per_forward']:.3f} "
+              f"| {r['tail_tokens_per_forward']:.3f} |" for (d, lo, hi), r in results]
+    return "\n".join([head, "", *lines])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--cache", help="responses JSON: read if it exists, else written")
+    parser.add_argument("--write-results", action="store_true")
+    args = parser.parse_args()
+    cache = Path(args.cache) if args.cache else None
+    if cache is not None and cache.is_file():
+        rows = json.loads(cache.read_text())
+    else:
+        rows = generate(args)
+        if cache is not None:
+            cache.write_text(json.dumps(rows))
+    results = [(s, replay(rows, *s, args.max_new_tokens)) for s in GRID]
+    text = format_block(args, rows, results)
+    print(text)
+    if args.write_results:
+        write_block(*markers(args.temperature), text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
