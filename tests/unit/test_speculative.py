@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from dynaresize.rollout.spec_stats import SpeculationStats
 from dynaresize.rollout.speculative import (
     DraftPool,
     NgramIndex,
     Speculation,
     SpeculationSettings,
-    SpeculationStats,
     draft_budget,
     predict_remaining,
 )

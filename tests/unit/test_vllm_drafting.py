@@ -79,7 +79,8 @@ def test_proposer_caps_drafts_and_skips_foreign_requests() -> None:
 
 
 def test_the_runs_speculation_summary_adds_every_devices_counts() -> None:
-    from dynaresize.rollout.speculative import Speculation, engine_counts, speculation_summary
+    from dynaresize.rollout.spec_stats import engine_counts, speculation_summary
+    from dynaresize.rollout.speculative import Speculation
 
     spec = Speculation(SpeculationSettings())
     spec.stats.record(4, 3)

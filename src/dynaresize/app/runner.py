@@ -121,7 +121,7 @@ def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
 def _speculation(devices: list[Any]) -> dict[str, Any]:
     """The run's speculative decoding (`speculation_summary`) from every live device's
     counters (a device lost to a fault is left out)."""
-    from dynaresize.rollout.speculative import speculation_summary
+    from dynaresize.rollout.spec_stats import speculation_summary
 
     async def gather() -> list[Any]:
         return await asyncio.gather(*(d.stats() for d in devices), return_exceptions=True)

@@ -17,7 +17,7 @@ from dynaresize.devices.network import LOOPBACK, base_env, loopback_env, network
 from dynaresize.devices.settings import DeviceSettings
 from dynaresize.devices.world import init_world, open_store
 from dynaresize.rollout.engine_base import Engine
-from dynaresize.rollout.speculative import COUNTS, engine_counts
+from dynaresize.rollout.spec_stats import COUNTS, engine_counts
 
 __all__ = ["LOOPBACK", "DeviceActor", "loopback_env"]
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dynaresize.rollout.spec_stats import SpeculationStats
 
 if TYPE_CHECKING:
     from dynaresize.config.speculative import SpeculativeConfig
@@ -200,50 +202,6 @@ class DraftPool:
         group = self._groups[key[:2]]
         group.live.pop(key[2], None)
         return index
-
-
-@dataclass
-class SpeculationStats:
-    """Counters of one engine's verify iterations (monotonic)."""
-
-    num_verify_iterations: int = 0
-    """Forwards of a running request that carried at least one draft token."""
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_histogram: dict[int, int] = field(default_factory=dict)
-    """accepted draft tokens -> verify iterations that accepted that many."""
-
-    def record(self, num_drafts: int, num_accepted: int) -> None:
-        self.num_verify_iterations += 1
-        self.num_draft_tokens += num_drafts
-        self.num_accepted_tokens += num_accepted
-        self.accepted_histogram[num_accepted] = self.accepted_histogram.get(num_accepted, 0) + 1
-
-
-COUNTS = ("generated_tokens", "verify_iterations", "draft_tokens", "accepted_tokens")
-"""A device's rollout counters over its engines' lives (`engine_counts`; the run's summary)."""
-
-
-def engine_counts(engine: Any) -> dict[str, int]:
-    """`COUNTS` of one engine (speculation's are 0 with it off)."""
-    spec = getattr(engine, "speculation", None)
-    stats = spec.stats if spec is not None else SpeculationStats()
-    return {"generated_tokens": engine.stats.num_generated_tokens,
-            "verify_iterations": stats.num_verify_iterations,
-            "draft_tokens": stats.num_draft_tokens, "accepted_tokens": stats.num_accepted_tokens}
-
-
-def speculation_summary(devices: list[dict[str, int]]) -> dict[str, Any]:
-    """The run's speculation, from every device's `COUNTS`: each request's forward emits one
-    token plus its accepted drafts, so tokens per forward is generated / (generated -
-    accepted)."""
-    total = {key: sum(d.get(key, 0) for d in devices) for key in COUNTS}
-    forwards = total["generated_tokens"] - total["accepted_tokens"]
-    return {**total, "tokens_per_forward":
-            round(total["generated_tokens"] / forwards, 4) if forwards > 0 else None,
-            "mean_accepted_per_verify": round(total["accepted_tokens"]
-                                              / total["verify_iterations"], 4)
-            if total["verify_iterations"] else None}
 
 
 @dataclass(frozen=True)
