@@ -28,8 +28,11 @@ from policies import write_block  # bench/policies.py: a results block between m
 from speculative_vllm import TASK, _serve  # bench/speculative_vllm.py
 
 ROOT = Path(__file__).resolve().parents[1]
-GRID = [(7, 2, 4), (7, 1, 4), (7, 3, 4), (7, 1, 6), (16, 2, 4), (16, 1, 4), (16, 1, 6)]
-"""(max_draft_tokens, min_ngram, max_ngram) settings replayed."""
+ALL = "prefix,siblings,history"
+GRID = [(7, 2, 4, ALL), (7, 1, 4, ALL), (7, 3, 4, ALL), (7, 1, 6, ALL), (16, 2, 4, ALL),
+        (16, 1, 4, ALL), (16, 1, 6, ALL), (7, 1, 4, "prefix"), (7, 1, 4, "prefix,siblings"),
+        (7, 1, 4, "prefix,history"), (7, 1, 4, "siblings,history")]
+"""(max_draft_tokens, min_ngram, max_ngram, drafters) settings replayed."""
 
 
 def markers(temperature: float) -> tuple[str, str]:
@@ -77,11 +80,12 @@ def generate(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def replay(rows: list[dict[str, Any]], max_draft_tokens: int, min_ngram: int,
-           max_ngram: int, max_new_tokens: int) -> dict[str, float]:
+           max_ngram: int, drafters: str, max_new_tokens: int) -> dict[str, float]:
     """Tokens per forward (and over the longest quarter) of `rows` served one at a time."""
     from dynaresize.rollout.speculative import Speculation, SpeculationSettings
 
     spec = Speculation(SpeculationSettings(max_draft_tokens=max_draft_tokens,
+                                           drafters=tuple(drafters.split(",")),
                                            min_ngram=min_ngram, max_ngram=max_ngram))
     forwards: list[tuple[int, int]] = []
     for r in sorted(rows, key=lambda r: (r["step"], r["prompt"], r["sample"])):
@@ -105,17 +109,17 @@ def replay(rows: list[dict[str, Any]], max_draft_tokens: int, min_ngram: int,
 
 
 def format_block(args: argparse.Namespace, rows: list[dict[str, Any]],
-                 results: list[tuple[tuple[int, int, int], dict[str, float]]]) -> str:
+                 results: list[tuple[tuple[int, int, int, str], dict[str, float]]]) -> str:
     head = (f"`python bench/drafter_replay.py --temperature {args.temperature:g}` "
             f"(smollm2-135m on vLLM, reasoning_gym gsm_symbolic, chat; {len(rows)} responses "
             f"of up to {args.max_new_tokens} tokens, {sum(len(r['tokens']) for r in rows)} "
             f"tokens, {args.prompts} prompts x {args.samples} samples x {args.rounds} steps, "
             f"served one at a time; measured {time.strftime('%Y-%m-%d')}). Tokens per forward "
             f"with exact speculation (1.00 without), every setting on the same responses:")
-    lines = ["| max_draft_tokens | min_ngram | max_ngram | tokens per forward | tail (longest "
-             "quarter) |", "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {d} | {lo} | {hi} | {r['tokens_per_forward']:.3f} "
-              f"| {r['tail_tokens_per_forward']:.3f} |" for (d, lo, hi), r in results]
+    lines = ["| max_draft_tokens | min_ngram | max_ngram | drafters | tokens per forward "
+             "| tail (longest quarter) |", "|---:|---:|---:|---|---:|---:|"]
+    lines += [f"| {d} | {lo} | {hi} | {src} | {r['tokens_per_forward']:.3f} "
+              f"| {r['tail_tokens_per_forward']:.3f} |" for (d, lo, hi, src), r in results]
     return "\n".join([head, "", *lines])
 
 
