@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
+from dynaresize.rollout.spec_stats import Counting
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Engine(Protocol):
 
     version: int
     stats: EngineStats
+    speculation: Counting | None
+    """Drafting state and acceptance counters (`rollout.speculative.Speculation`); None: off."""
 
     @property
     def num_waiting(self) -> int: ...
