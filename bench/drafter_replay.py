@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import write_block  # bench/policies.py: a results block between markers
-from speculative_vllm import TASK, _serve  # bench/speculative_vllm.py
+from speculative_vllm import TASK, _engines, _serve  # bench/speculative_vllm.py
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = "prefix,siblings,history"
@@ -47,25 +47,13 @@ def generate(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Responses (tokens) of `--prompts` x `--samples` x `--rounds` requests, speculation off."""
     from dynaresize.config import load_config
     from dynaresize.core.types import RequestSpec, request_seed
-    from dynaresize.models import build_model
-    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, drop_model_dir, model_dir
     from dynaresize.tasks import make_task
 
     cfg = load_config(None, [*TASK, f"task.max_new_tokens={args.max_new_tokens}",
                              "rollout.engine='vllm'"])
-    task = make_task(cfg)
-    tok = task.tokenizer
-    prompts = task.batch(0, args.prompts, cfg.run.seed)
-    model = build_model(cfg.model, tok.vocab_size, eos_token_id=tok.eos_id,
-                        bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
-    path = model_dir(model)
-    try:
-        engine = VllmRolloutEngine(
-            path, eos_token_id=tok.eos_id, device_index=0, max_running=8,
-            max_model_len=max(len(p.tokens) for p in prompts) + args.max_new_tokens + 8,
-            kv_cache_bytes=256 * 2**20)
-    finally:
-        drop_model_dir(model)
+    prompts = make_task(cfg).batch(0, args.prompts, cfg.run.seed)
+    max_len = max(len(p.tokens) for p in prompts) + args.max_new_tokens + 8
+    engine = _engines(cfg, max_len, {"off": None})["off"]
     rows: list[dict[str, Any]] = []
     for step in range(args.rounds):
         specs = [RequestSpec(step, p.id, s, 0, p.tokens, args.max_new_tokens,

@@ -43,7 +43,9 @@ TASK = ["task.name='reasoning_gym'", "task.generator='gsm_symbolic'", "task.form
         "model.source='smollm2-135m'"]
 
 
-def _engines(cfg: Any, settings: Any, max_len: int) -> dict[str, Any]:
+def _engines(cfg: Any, max_len: int, speculation: dict[str, Any]) -> dict[str, Any]:
+    """One in-process vLLM engine (fp32 SmolLM2-135M) per name of `speculation`, each with that
+    name's `SpeculationSettings` (None: speculation off)."""
     from dynaresize.models import build_model
     from dynaresize.rollout.vllm_engine import VllmRolloutEngine, drop_model_dir, model_dir
     from dynaresize.tasks import make_task
@@ -56,7 +58,7 @@ def _engines(cfg: Any, settings: Any, max_len: int) -> dict[str, Any]:
         return {name: VllmRolloutEngine(path, eos_token_id=tok.eos_id, device_index=i,
                                         max_running=8, max_model_len=max_len,
                                         kv_cache_bytes=256 * 2**20, speculation=spec)
-                for i, (name, spec) in enumerate((("off", None), ("on", settings)))}
+                for i, (name, spec) in enumerate(speculation.items())}
     finally:
         drop_model_dir(model)
 
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from_config(cfg.rollout.speculative)
     prompts = make_task(cfg).batch(0, args.prompts, cfg.run.seed)
     max_len = max(len(p.tokens) for p in prompts) + args.max_new_tokens + 8
-    engines = _engines(cfg, settings, max_len)
+    engines = _engines(cfg, max_len, {"off": None, "on": settings})
     _serve(engines, [RequestSpec(-1, prompts[0].id, 0, 0, prompts[0].tokens, 16, 1, 1.0)])
     warm_up = copy.deepcopy(engines["on"].speculation.stats)  # (first forwards set kernels up)
     rows: list[dict[str, Any]] = []
