@@ -74,10 +74,9 @@ def render(rows: list[dict[str, Any]], wall_s: float, large: bool = False) -> st
             f"{' --large' if large else ''}`. *`fully-async` "
             f"changes the RL semantics (partial rollouts mix policy versions).")
     ref_head, ref_ratio = ("", "") if large else (" reference |", " reference / fully-async |")
-    cols = 7 if large else 9
-    lines = [f"| workload | GPUs | speculation | steps | hysteresis |{ref_head} fully-async* "
-             f"| hyst / fully-async |{ref_ratio}",
-             "|" + "---|" * cols, *(line(r) for r in rows)]
+    header = (f"| workload | GPUs | speculation | steps | hysteresis |{ref_head} fully-async* "
+              f"| hyst / fully-async |{ref_ratio}")
+    lines = [header, "|" + "---|" * (header.count("|") - 1), *(line(r) for r in rows)]
     summary = []
     for steps in sorted({r["steps"] for r in rows}):
         ratios = [r["hysteresis"] / r["fully-async"] for r in rows if r["steps"] == steps]
