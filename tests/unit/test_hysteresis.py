@@ -334,3 +334,22 @@ def test_staleness_2_charges_no_tail_seconds_per_engine() -> None:
 
     assert decide(1) == [("rollout->train", 1)]
     assert decide(2) == [("rollout->train", 2)]
+
+
+def test_training_in_few_whole_micro_batches_is_not_sped_up_by_more_trainers() -> None:
+    """A micro-batch trains on one trainer: 16 of 100 s each take two rounds on 8 to 15
+    trainers alike (200 s) and one on 16 (`StageModel.train_s`). Spread over the trainers
+    (1600 device-s / T), two engines moved to training would cut the step from 200 to 160 s
+    (the rollout then 800 / 6 = 133 s); counted whole no move helps. With 40 micro-batches
+    (5 rounds on 8 trainers) they are spread again (`WHOLE_ROUNDS_MAX`)."""
+    def decide(num_micro_batches: int) -> list[tuple[str, int]]:
+        ctl = HysteresisController(HysteresisParams(band=0.05, cost_margin=0.0))
+        hist = [StepTiming(0, 100.0, 200.0, 1000, 8, 8, train_device_s=1600.0,
+                           num_micro_batches=num_micro_batches)]
+        moves = pairs(ctl.at_step_start(view(1, Allocation.initial(8, 8), hist)))
+        assert ctl.predict_step_s(8, 16, 1) == 200.0
+        return moves
+
+    assert decide(16) == []
+    assert decide(40) == [("rollout->train", 2)]
+    assert decide(0) == decide(40)  # not measured: spread

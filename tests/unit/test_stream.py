@@ -210,6 +210,7 @@ def test_token_budgeted_stream_cuts_each_group_as_it_completes() -> None:
     full = assemble_step(1, 0, {(p, j) for p in prompts for j in range(n)}, comps, rewards, 0.0)
     reference = token_micro_batches(full.samples, budget)
     assert len(reference) > len(prompts)                      # some group was cut
+    assert stream.num_formed == len(reference)  # what the controller counts (train_s)
     assert sorted(stream.ready) == [m for m, _ in reference]
     assert [stream.micro_batch(m) for m, _ in reference] == [mb for _, mb in reference]
     assert stream.todo_fraction(stream.ready) == 0.0

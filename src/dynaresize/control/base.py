@@ -63,6 +63,9 @@ class StepTiming:
     """Coefficient of variation (std / mean) of the step's response lengths: 0 for equal
     lengths, ~0.15 for short, even ones, ~1 and more for a long tail (DAPO-like, bimodal);
     None: not measured."""
+    num_micro_batches: int = 0
+    """The micro-batches the step trained, each on one trainer (with few per trainer, more
+    trainers need not train faster: `StageModel.train_s`); 0: not measured."""
 
     @property
     def train_work_s(self) -> float:

@@ -88,6 +88,12 @@ class StepStream:
         return len(self._mb_keys)
 
     @property
+    def num_formed(self) -> int:
+        """Micro-batches formed so far (with a token budget, each group's once it is
+        complete): all of the step's once it is `complete`."""
+        return len(self._mb_keys)
+
+    @property
     def complete(self) -> bool:
         return self._num_groups_left == 0 and self._sealed
 

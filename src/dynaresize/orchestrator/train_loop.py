@@ -146,7 +146,8 @@ class TrainLoop:
                 step, got.rollout_s, t2 - t0, got.num_tokens,
                 board.take_width(step, len(state.allocation.rollout)), len(trainers),
                 train_device_s, got.rollout_device_s, got.rollout_tail_device_s,
-                got.ready_profile, got.response_cv), t2)
+                got.ready_profile, got.response_cv,
+                stream.num_formed if stream is not None else 0), t2)
             if self.evaluator is not None:
                 record.update(await self.evaluator.evaluate(step, state.versions.get))
             self.rundir.metric(record)
