@@ -39,7 +39,7 @@ RULES: dict[str, list[tuple[str, str, str]]] = {  # name: [(file, old, new)]
     "none": [],
     "band0": [(C, "band=c.band,", "band=0.0,")],
     "dwell0": [(C, "min_dwell_steps=c.min_dwell_steps,", "min_dwell_steps=0,")],
-    "modechange": [(C, "or was_ok != model.lend_ok)", ")")],
+    "modechange": [(C, "or lend_changed)", ")")],
     "costgate": [(C, "or gain_s * self.p.horizon_steps <= self.p.cost_margin * model.cost_s):",
                   "):")],
     "trust": [(S, "TRUST_FACTOR = 2\n", "TRUST_FACTOR = 1000\n")],
@@ -62,6 +62,7 @@ RULES: dict[str, list[tuple[str, str, str]]] = {  # name: [(file, old, new)]
                    "if gain_s <= 0:")],
     "guess_share0": [(M, "GUESS_SHARE = 0.05\n", "GUESS_SHARE = 0.0\n")],
     "rtrip_guess0": [(C, "resize_guess_s=c.resize_guess_s,", "resize_guess_s=0.0,")],
+    "whole_rounds0": [(M, "WHOLE_ROUNDS_MAX = 2\n", "WHOLE_ROUNDS_MAX = 0\n")],
 }
 
 
