@@ -65,3 +65,22 @@ def test_a_pipelined_run_deals_joiners_across_groups() -> None:
     prompts, completions = asyncio.run(main())
     assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(40))
     assert all(len(p) == 10 and len(set(p)) == 10 for p in prompts.values())  # 10 groups each
+
+
+def test_a_limit_that_rises_reaches_the_slots_full_at_the_old_one() -> None:
+    """A pipelined run's share cap rises when the pool shrinks under it: slots that were full
+    at the old cap (left out of the dispatch heap) take work at the new one at once, not at
+    their next completion."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from dynaresize.rollout.slots import SlotTable
+
+    table = SlotTable()
+    for index in (0, 1):
+        table.add(SimpleNamespace(index=index))  # type: ignore[arg-type]
+    queue: deque[int] = deque(range(6))
+    table.deal_greedy(queue, 2, lambda index: queue.popleft())  # type: ignore[arg-type,return-value]
+    assert [s.load for s in table] == [2, 2] and len(queue) == 2
+    table.deal_greedy(queue, 3, lambda index: queue.popleft())  # type: ignore[arg-type,return-value]
+    assert [s.load for s in table] == [3, 3] and not queue
