@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from types import SimpleNamespace
 
 from dynaresize.core.types import Completion
 from dynaresize.protocols import RealClock
 from dynaresize.rollout.deal import seats
 from dynaresize.rollout.run import RolloutRun, RunSettings
+from dynaresize.rollout.slots import SlotTable
 from tests.unit.test_rollout_run import Arrivals, FakeEngine, specs
 
 
@@ -68,14 +71,9 @@ def test_a_pipelined_run_deals_joiners_across_groups() -> None:
 
 
 def test_a_limit_that_rises_reaches_the_slots_full_at_the_old_one() -> None:
-    """A pipelined run's share cap rises when the pool shrinks under it: slots that were full
-    at the old cap (left out of the dispatch heap) take work at the new one at once, not at
-    their next completion."""
-    from collections import deque
-    from types import SimpleNamespace
-
-    from dynaresize.rollout.slots import SlotTable
-
+    """A pipelined run's share cap rises when dynamic sampling tops it up or the pool shrinks
+    under it: slots that were full at the old cap (left out of the dispatch heap) take work at
+    the new one at once, not at their next completion."""
     table = SlotTable()
     for index in (0, 1):
         table.add(SimpleNamespace(index=index))  # type: ignore[arg-type]

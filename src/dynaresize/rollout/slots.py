@@ -138,22 +138,16 @@ class SlotTable:
     def num_free(self) -> int:
         return len(self._free)
 
-    def reopen(self) -> None:
-        """Every serving slot is a candidate again: the limit rose (a pipelined run's share
-        cap, when the pool shrinks under it) above loads the heap left out as full."""
-        self._free = [(s.load, i) for i, s in self._slots.items() if not s.leaving]
-        heapq.heapify(self._free)
-        self._free_below = sys.maxsize
-
     def freed(self, slot: EngineSlot) -> None:
         """`slot`'s load went down: a candidate again."""
         heapq.heappush(self._free, (slot.load, slot.index))
 
     def deal_greedy(self, queue: deque[Work], limit: int, take: Take) -> None:
-        """One request at a time to the least-loaded slot below `limit` (a limit above one
-        a slot was left out at first puts every slot back in the heap: `reopen`)."""
+        """One request at a time to the least-loaded slot below `limit`. A limit above a load
+        the heap left out as full (a pipelined run's share cap rises when dynamic sampling
+        tops it up or the pool shrinks under it) rebuilds the heap from every slot first."""
         if limit > self._free_below:
-            self.reopen()
+            self._rebuild(self._candidates(limit), limit)
         while queue and self._free:
             load, index = heapq.heappop(self._free)
             slot = self._slots.get(index)
