@@ -24,12 +24,14 @@ def model() -> Any:
     return tiny_model()
 
 
-@pytest.fixture(scope="module")
-def engines(model: Any) -> Iterator[tuple[Any, Any]]:
+@pytest.fixture(scope="module", params=[False, True], ids=["token-drafts", "coupled-drafts"])
+def engines(model: Any, request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    """(speculation off, on): on drafts tokens only, or also coupled drafts (`coupled`)."""
     from dynaresize.rollout.vllm_engine import VllmRolloutEngine, model_dir
 
     path = model_dir(model)
-    settings = SpeculationSettings(max_draft_tokens=4, min_ngram=1, max_ngram=3)
+    settings = SpeculationSettings(max_draft_tokens=4, min_ngram=1, max_ngram=3,
+                                   coupled=request.param)
     made = [VllmRolloutEngine(path, eos_token_id=None, device_index=i, max_running=8,
                               kv_cache_bytes=32 * 2**20, speculation=s)
             for i, s in enumerate((None, settings))]
@@ -60,6 +62,8 @@ def test_speculation_gives_the_tokens_of_plain_decoding(engines: tuple[Any, Any]
     same(plain, spec)
     stats = on.speculation.stats
     assert stats.num_verify_iterations > 0 and stats.num_accepted_tokens > 0
+    store = on.drafting.store  # coupled: every verified row's distribution was stored
+    assert (store is not None and store.size > 0) == on.drafting.speculation.settings.coupled
     assert sum(stats.accepted_histogram.values()) == stats.num_verify_iterations
     forwards = [eng.stats.num_decode_iterations for eng in engines]
     alone = {eng: run_all(eng, specs(1)) for eng in engines}  # one request, and a companion

@@ -45,6 +45,13 @@ class SpeculativeConfig:
     long_tokens: int = _doc("Length-aware budget: requests predicted to need fewer tokens than "
                             "this get proportionally fewer drafts (0: no length scaling).",
                             default=0)
+    coupled: bool = _doc("vLLM engine: also draft from the target's own next-token "
+                         "distributions its verify forwards computed at the same context "
+                         "(siblings', earlier steps', rejected drafts' rows), each drawn with "
+                         "the request's own sampling noise; token drafts where none is stored. "
+                         "Drafts only: the tokens are the same (docs/speculative.md). The "
+                         "builtin engine's sampler draws from a generator and drafts tokens.",
+                         default=True)
     history_prompts: int = _doc("Prompts whose earlier responses the history drafter keeps "
                                 "(LRU).", default=256)
     history_responses: int = _doc("Responses kept per prompt by the history drafter.",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
+import numpy as np
 import torch
 
 # A vLLM request's draw parameters, in its `SamplingParams.extra_args` (`rollout.vllm_sampler`,
@@ -54,6 +55,34 @@ def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """U(seed, t, i) in (0, 1), float64 [rows, vocab_size]; `keys`: int64 [rows, 2] from
     `draw_key` (53 random bits per value, from two hashes)."""
     index = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)[None, :]
+    return _uniforms_at(keys, index)
+
+
+def gumbel_at(seed: int, t: int, token_ids: np.ndarray) -> np.ndarray:
+    """G_i(seed, t) of the tokens `token_ids` (int [n]) only, float64 [n]: the same hash as
+    `uniforms` in numpy (a drafter's view of the noise, ~20x cheaper than torch for a few
+    tokens); equal to `gumbel_sample`'s noise up to the last bit of the two logarithms."""
+    k0, k1 = draw_key(seed, t)
+    index = np.asarray(token_ids, dtype=np.uint64)
+    a = _fmix32_np(_fmix32_np(index ^ np.uint64(k0)) ^ np.uint64(k1))
+    b = _fmix32_np(a ^ _fmix32_np(np.uint64(k1 ^ 0x9E3779B9))) >> np.uint64(11)
+    u = ((a << np.uint64(21)) + b).astype(np.float64)
+    u = (u + 0.5) * 2.0 ** -53
+    return -np.log(-np.log(u))
+
+
+def _fmix32_np(h: np.ndarray) -> np.ndarray:
+    """`_fmix32` on uint64 arrays (a product's low 32 bits are exact mod 2**64)."""
+    mask = np.uint64(_MASK32)
+    h = h ^ (h >> np.uint64(16))
+    h = (h * np.uint64(_M1)) & mask
+    h = h ^ (h >> np.uint64(13))
+    h = (h * np.uint64(_M2)) & mask
+    return h ^ (h >> np.uint64(16))
+
+
+def _uniforms_at(keys: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """U(seed, t, i) for the token ids `index` ([1, n] or [rows, n]) of each row's key."""
     k0, k1 = keys[:, :1], keys[:, 1:]
     a = _fmix32(_fmix32(index ^ k0) ^ k1)
     b = _fmix32(a ^ _fmix32(k1 ^ 0x9E3779B9)) >> 11  # 21 bits

@@ -216,6 +216,8 @@ class SpeculationSettings:
     long_tokens: int = 0
     history_prompts: int = 256
     history_responses: int = 16
+    coupled: bool = True
+    """vLLM: also coupled drafts (`rollout.coupled`); the builtin engine drafts tokens only."""
 
 
 class Speculation:
@@ -232,13 +234,19 @@ class Speculation:
     def drafts(self, key: Key, *, num_generated: int, max_new_tokens: int,
                num_running: int) -> list[int]:
         """Draft tokens for the next verify forward of request `key`."""
+        return self.pool.propose(key, self.budget(key, num_generated=num_generated,
+                                                  max_new_tokens=max_new_tokens,
+                                                  num_running=num_running))
+
+    def budget(self, key: Key, *, num_generated: int, max_new_tokens: int,
+               num_running: int) -> int:
+        """Draft tokens request `key` may get for its next verify forward (`draft_budget`)."""
         s = self.settings
         predicted = predict_remaining(num_generated, self.pool.finished_lengths(key),
                                       max_new_tokens)
-        budget = draft_budget(s.max_draft_tokens, remaining_tokens=max_new_tokens - num_generated,
-                              predicted_remaining=predicted, num_running=num_running,
-                              full_batch=s.full_batch, long_tokens=s.long_tokens)
-        return self.pool.propose(key, budget)
+        return draft_budget(s.max_draft_tokens, remaining_tokens=max_new_tokens - num_generated,
+                            predicted_remaining=predicted, num_running=num_running,
+                            full_batch=s.full_batch, long_tokens=s.long_tokens)
 
 
 def settings_from_config(sp: SpeculativeConfig) -> SpeculationSettings | None:
@@ -250,4 +258,4 @@ def settings_from_config(sp: SpeculativeConfig) -> SpeculationSettings | None:
         drafters=tuple(d.strip() for d in sp.drafters.split(",")),
         min_ngram=sp.min_ngram, max_ngram=sp.max_ngram, full_batch=sp.full_batch,
         long_tokens=sp.long_tokens, history_prompts=sp.history_prompts,
-        history_responses=sp.history_responses)
+        history_responses=sp.history_responses, coupled=sp.coupled)

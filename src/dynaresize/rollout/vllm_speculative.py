@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from dynaresize.core.types import RequestSpec
+from dynaresize.rollout.coupled import DistributionStore, Observed, coupled_drafts, top_logprobs
 from dynaresize.rollout.gumbel import OFFSET, SEED, TEMPERATURE, draw_key, gumbel_sample
 from dynaresize.rollout.speculative import Speculation, SpeculationSettings
 
@@ -40,16 +41,22 @@ REQUEST = "dynaresize_request"
 
 class VllmDrafting:
     """One vLLM engine's drafting state, by vLLM request id: which request it is, the draft pool
-    (fed from vLLM's own token buffer, so it is never a step behind) and the acceptance counters
-    (`speculation.stats`, as on the builtin engine)."""
+    (fed from vLLM's own token buffer, so it is never a step behind), the acceptance counters
+    (`speculation.stats`, as on the builtin engine) and, with `settings.coupled`, the target's
+    distributions its verify forwards computed (`rollout.coupled`)."""
 
     def __init__(self, settings: SpeculationSettings) -> None:
         self.speculation = Speculation(settings)
+        self.store = DistributionStore(settings.min_ngram, settings.max_ngram) \
+            if settings.coupled else None
+        """Observed next-token distributions (None: token drafts only)."""
         self.installed = False
         """Set by `install` on this very object (in vLLM's in-process engine core only)."""
         self._requests: dict[str, RequestSpec] = {}
-        self._drafted: dict[str, int] = {}
+        self._drafted: dict[str, list[int]] = {}
         """request id -> draft tokens proposed for its next verify forward."""
+        self._observed: dict[str, Observed] = {}
+        """request id -> top log-probs of each row of its last forward (`observe`)."""
 
     def start(self, request_id: str, spec: RequestSpec, generated: list[int]) -> None:
         self.speculation.pool.start(spec.key, spec.prompt_tokens, generated)
@@ -58,12 +65,14 @@ class VllmDrafting:
     def finish(self, request_id: str, num_generated: int) -> None:
         spec = self._requests.pop(request_id)
         self._drafted.pop(request_id, None)
+        self._observed.pop(request_id, None)
         self.speculation.pool.finish(spec.key, num_generated)
 
     def remove(self, request_id: str) -> None:
         """The request left the engine unfinished (aborted for export)."""
         spec = self._requests.pop(request_id, None)
         self._drafted.pop(request_id, None)
+        self._observed.pop(request_id, None)
         if spec is not None:
             self.speculation.pool.remove(spec.key)
 
@@ -81,19 +90,47 @@ class VllmDrafting:
         spec = self._requests.get(request_id)
         if spec is None:  # gone (aborted while vLLM still held it)
             return []
-        drafted = self._drafted.pop(request_id, 0)
+        drafted = self._drafted.pop(request_id, [])
+        observed = self._observed.pop(request_id, None)
         if drafted and sampled:
-            self.speculation.stats.record(drafted, len(sampled) - 1)
+            self.speculation.stats.record(len(drafted), len(sampled) - 1)
         if not sampled:
             return []
         pool = self.speculation.pool
         pool.extend(spec.key, [int(t) for t in sequence[pool.length(spec.key):]])
-        drafts = self.speculation.drafts(
-            spec.key, num_generated=len(sequence) - len(spec.prompt_tokens),
-            max_new_tokens=spec.max_new_tokens, num_running=num_running)
+        if observed is not None and self.store is not None:
+            self._remember(spec, sequence[:len(sequence) - len(sampled)], drafted, observed)
+        num_generated = len(sequence) - len(spec.prompt_tokens)
+        budget = self.speculation.budget(spec.key, num_generated=num_generated,
+                                         max_new_tokens=spec.max_new_tokens,
+                                         num_running=num_running)
+        drafts: list[int] = []
+        if self.store is not None and budget > 0:
+            drafts = coupled_drafts(self.store, spec.prompt_tokens, sequence, seed=spec.seed,
+                                    first_t=num_generated, temperature=spec.temperature,
+                                    limit=budget)
+        if not drafts:
+            drafts = pool.propose(spec.key, budget)
         if drafts:
-            self._drafted[request_id] = len(drafts)
+            self._drafted[request_id] = drafts
         return drafts
+
+    def observe(self, request_id: str, observed: Observed) -> None:
+        """The top log-probs of each row of request `request_id`'s forward (row 0: after its
+        context; row j: after its context and its first j drafts)."""
+        if self.store is not None and request_id in self._requests:
+            self._observed[request_id] = observed
+
+    def _remember(self, spec: RequestSpec, before: Sequence[int], drafted: list[int],
+                  observed: Observed) -> None:
+        """Store each row's distribution under its context: `before` (what the forward read
+        first) plus the drafts it verified before that row, accepted or not."""
+        assert self.store is not None
+        ids, logprobs = observed
+        tail = [int(t) for t in before[-self.store.max_n:]]
+        for row in range(min(ids.shape[0], len(drafted) + 1)):
+            self.store.observe(spec.prompt_tokens, [*tail, *drafted[:row]],
+                               (ids[row], logprobs[row]))
 
 
 class DraftProposer:
@@ -127,22 +164,27 @@ class DraftProposer:
 
 
 def draw_rows(batch: Any, requests: Any, logits: torch.Tensor,
-              num_draft_tokens: Sequence[int] | None) -> None:
+              num_draft_tokens: Sequence[int] | None,
+              observe: Callable[[str, Observed], None] | None = None) -> None:
     """Replace, in place, each opted-in request's rows of `logits` (vLLM's batch order: one row
     per request, or 1 + its draft count when verifying) by our draw for that row's position, as
     the row's only finite logit (module docstring). `batch`: vLLM's input batch; `requests`: its
-    request states by id (sampling params, output tokens so far)."""
+    request states by id (sampling params, output tokens so far). `observe`: called first with
+    our id (`REQUEST`) of each opted-in request and the top log-probs of its rows."""
     counts = [1] * batch.num_reqs if num_draft_tokens is None else \
         [n + 1 for n in num_draft_tokens]
     rows: list[int] = []
     keys: list[tuple[int, int]] = []
     temps: list[float] = []
+    spans: list[tuple[str, int, int]] = []
     start = 0
     for i, count in enumerate(counts):
         state = requests[batch.req_ids[i]]
         extra = state.sampling_params.extra_args or {}
         if SEED in extra:
             first = int(extra.get(OFFSET, 0)) + len(state.output_token_ids)
+            if REQUEST in extra:
+                spans.append((str(extra[REQUEST]), len(rows), count))
             rows.extend(range(start, start + count))
             keys.extend(draw_key(int(extra[SEED]), first + j) for j in range(count))
             temps.extend([float(extra.get(TEMPERATURE, 1.0))] * count)
@@ -153,6 +195,11 @@ def draw_rows(batch: Any, requests: Any, logits: torch.Tensor,
     if not rows:
         return
     index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    if observe is not None and spans:
+        ids, logprobs = top_logprobs(logits[index])
+        for request_id, first_row, count in spans:
+            observe(request_id, (ids[first_row:first_row + count],
+                                 logprobs[first_row:first_row + count]))
     tokens, logprobs = gumbel_sample(logits[index],
                                      torch.tensor(temps, dtype=torch.float64,
                                                   device=logits.device),
@@ -191,7 +238,8 @@ def install(worker: Any, drafting: VllmDrafting) -> None:
             logits = logits.float()
             draw_rows(runner.input_batch, runner.requests, logits,
                       None if spec_decode_metadata is None
-                      else spec_decode_metadata.num_draft_tokens)
+                      else spec_decode_metadata.num_draft_tokens,
+                      None if drafting.store is None else drafting.observe)
         return vllm_sample(logits, spec_decode_metadata)
 
     runner._sample = sample
