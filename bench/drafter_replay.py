@@ -16,6 +16,12 @@ earlier steps), as in bench/speculative_vllm.py. On that bench's own 24 requests
 measured live to within 0.006 at both temperatures and both n-gram ranges measured
 (docs/speculative.md); more siblings and history (the default 4 x 8 x 3) accept more.
 
+`--coupled` adds rows for coupled drafts (`rollout.coupled`, vLLM's default): one
+transformers forward per response gives the target's top log-probs at every position, which
+the replay stores as the live engine does for the rows a verify forward keeps (the live engine
+also stores the rows after a rejected draft, which a replay of the response cannot know: live
+accepts more).
+
     python bench/drafter_replay.py --temperature 0.6 --write-results
 """
 
@@ -32,6 +38,8 @@ from speculative_vllm import TASK, _engines, _serve  # bench/speculative_vllm.py
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = "prefix,siblings,history"
+COUPLED = [(7, 1, 4, ALL), (16, 1, 4, ALL), (7, 2, 4, ALL), (7, 1, 6, ALL)]
+"""Settings replayed with coupled drafts too (`--coupled`)."""
 GRID = [(7, 2, 4, ALL), (7, 1, 4, ALL), (7, 3, 4, ALL), (7, 1, 6, ALL), (16, 2, 4, ALL),
         (16, 1, 4, ALL), (16, 1, 6, ALL), (7, 1, 4, "prefix"), (7, 1, 4, "prefix,siblings"),
         (7, 1, 4, "prefix,history"), (7, 1, 4, "siblings,history")]
@@ -70,27 +78,70 @@ def generate(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def top_logprobs_of(rows: list[dict[str, Any]]) -> list[Any]:
+    """Per response, the target's top log-probs after each of its contexts (row `i`: after the
+    prompt and `i` generated tokens), from one transformers forward (fp32) each."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dynaresize.config import load_config
+    from dynaresize.model_sources import ensure_source
+    from dynaresize.rollout.coupled import top_logprobs
+
+    cfg = load_config(None, [*TASK])
+    model = AutoModelForCausalLM.from_pretrained(ensure_source(cfg.model.source),
+                                                 dtype=torch.float32).eval()
+    tops = []
+    for r in rows:
+        ids = torch.tensor([[*r["prompt_tokens"], *r["tokens"]]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(r["prompt_tokens"]) - 1:]
+        tops.append(top_logprobs(logits))
+    return tops
+
+
 def replay(rows: list[dict[str, Any]], max_draft_tokens: int, min_ngram: int,
-           max_ngram: int, drafters: str, max_new_tokens: int) -> dict[str, float]:
-    """Tokens per forward (and over the longest quarter) of `rows` served one at a time."""
+           max_ngram: int, drafters: str, max_new_tokens: int, temperature: float = 1.0,
+           tops: list[Any] | None = None) -> dict[str, float]:
+    """Tokens per forward (and over the longest quarter) of `rows` served one at a time;
+    `tops` (`top_logprobs_of`): coupled drafts first, token drafts where they give none."""
+    from dynaresize.core.types import request_seed
+    from dynaresize.rollout.coupled import DistributionStore, coupled_drafts
     from dynaresize.rollout.speculative import Speculation, SpeculationSettings
 
     spec = Speculation(SpeculationSettings(max_draft_tokens=max_draft_tokens,
                                            drafters=tuple(drafters.split(",")),
                                            min_ngram=min_ngram, max_ngram=max_ngram))
+    store = DistributionStore(min_ngram, max_ngram)
+    run_seed = load_seed()
     forwards: list[tuple[int, int]] = []
-    for r in sorted(rows, key=lambda r: (r["step"], r["prompt"], r["sample"])):
+    for i in sorted(range(len(rows)), key=lambda i: (rows[i]["step"], rows[i]["prompt"],
+                                                     rows[i]["sample"])):
+        r = rows[i]
         key, tokens = (r["step"], r["prompt"], r["sample"]), r["tokens"]
-        spec.pool.start(key, tuple(r["prompt_tokens"]), [])
+        prompt = tuple(r["prompt_tokens"])
+        seed = request_seed(run_seed, *key)
+        spec.pool.start(key, prompt, [])
+        context = list(prompt)
         done = num_forwards = 0
         while done < len(tokens):
             # vLLM drafts nothing on the forward that reads the prompt (its first token)
-            drafts = spec.drafts(key, num_generated=done, max_new_tokens=max_new_tokens,
-                                 num_running=1) if done else []
+            budget = spec.budget(key, num_generated=done, max_new_tokens=max_new_tokens,
+                                 num_running=1) if done else 0
+            drafts = [] if tops is None or not budget else coupled_drafts(
+                store, prompt, context, seed=seed, first_t=done, temperature=temperature,
+                limit=budget)
+            drafts = drafts or spec.pool.propose(key, budget)
             kept = next((i for i, d in enumerate(drafts)
                          if done + i >= len(tokens) or tokens[done + i] != d), len(drafts))
             emitted = tokens[done:done + kept + 1]
+            if tops is not None:  # the rows this forward kept, each after its context
+                ids, logprobs = tops[i]
+                for j in range(len(emitted)):
+                    store.observe(prompt, [*context, *emitted[:j]],
+                                  (ids[done + j], logprobs[done + j]))
             spec.pool.extend(key, emitted)
+            context += emitted
             done += len(emitted)
             num_forwards += 1
         spec.pool.finish(key, len(tokens))
@@ -100,18 +151,28 @@ def replay(rows: list[dict[str, Any]], max_draft_tokens: int, min_ngram: int,
             "tail_tokens_per_forward": sum(t for t, _ in tail) / sum(f for _, f in tail)}
 
 
+def load_seed() -> int:
+    from dynaresize.config import load_config
+
+    return load_config(None, [*TASK]).run.seed
+
+
 def format_block(args: argparse.Namespace, rows: list[dict[str, Any]],
-                 results: list[tuple[tuple[int, int, int, str], dict[str, float]]]) -> str:
-    head = (f"`python bench/drafter_replay.py --temperature {args.temperature:g}` "
+                 results: list[tuple[tuple[int, int, int, str, str], dict[str, float]]]
+                 ) -> str:
+    flag = " --coupled" if args.coupled else ""
+    head = (f"`python bench/drafter_replay.py --temperature {args.temperature:g}{flag}` "
             f"(smollm2-135m on vLLM, reasoning_gym gsm_symbolic, chat; {len(rows)} responses "
             f"of up to {args.max_new_tokens} tokens, {sum(len(r['tokens']) for r in rows)} "
             f"tokens, {args.prompts} prompts x {args.samples} samples x {args.rounds} steps, "
             f"served one at a time; measured {time.strftime('%Y-%m-%d')}). Tokens per forward "
-            f"with exact speculation (1.00 without), every setting on the same responses:")
-    lines = ["| max_draft_tokens | min_ngram | max_ngram | drafters | tokens per forward "
-             "| tail (longest quarter) |", "|---:|---:|---:|---|---:|---:|"]
-    lines += [f"| {d} | {lo} | {hi} | {src} | {r['tokens_per_forward']:.3f} "
-              f"| {r['tail_tokens_per_forward']:.3f} |" for (d, lo, hi, src), r in results]
+            f"with exact speculation (1.00 without), every setting on the same responses "
+            f"(drafts: `tokens`, the n-gram drafters; `coupled`, coupled drafts where a "
+            f"stored distribution gives one, from the rows the verify forwards kept):")
+    lines = ["| max_draft_tokens | min_ngram | max_ngram | drafters | drafts | tokens per forward "
+             "| tail (longest quarter) |", "|---:|---:|---:|---|---|---:|---:|"]
+    lines += [f"| {d} | {lo} | {hi} | {src} | {kind} | {r['tokens_per_forward']:.3f} "
+              f"| {r['tail_tokens_per_forward']:.3f} |" for (d, lo, hi, src, kind), r in results]
     return "\n".join([head, "", *lines])
 
 
@@ -123,6 +184,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--cache", help="responses JSON: read if it exists, else written")
+    parser.add_argument("--coupled", action="store_true",
+                        help="also replay coupled drafts (a transformers forward per response)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     cache = Path(args.cache) if args.cache else None
@@ -132,7 +195,11 @@ def main() -> int:
         rows = generate(args)
         if cache is not None:
             cache.write_text(json.dumps(rows))
-    results = [(s, replay(rows, *s, args.max_new_tokens)) for s in GRID]
+    results = [((*s, "tokens"), replay(rows, *s, args.max_new_tokens)) for s in GRID]
+    if args.coupled:
+        tops = top_logprobs_of(rows)
+        results += [((*s, "coupled"), replay(rows, *s, args.max_new_tokens, args.temperature,
+                                             tops)) for s in COUPLED]
     text = format_block(args, rows, results)
     print(text)
     if args.write_results:

