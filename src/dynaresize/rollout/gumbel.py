@@ -55,7 +55,10 @@ def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """U(seed, t, i) in (0, 1), float64 [rows, vocab_size]; `keys`: int64 [rows, 2] from
     `draw_key` (53 random bits per value, from two hashes)."""
     index = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)[None, :]
-    return _uniforms_at(keys, index)
+    k0, k1 = keys[:, :1], keys[:, 1:]
+    a = _fmix32(_fmix32(index ^ k0) ^ k1)
+    b = _fmix32(a ^ _fmix32(k1 ^ 0x9E3779B9)) >> 11  # 21 bits
+    return ((a << 21) + b).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
 
 
 def gumbel_at(seed: int, t: int, token_ids: np.ndarray) -> np.ndarray:
@@ -79,14 +82,6 @@ def _fmix32_np(h: np.ndarray) -> np.ndarray:
     h = h ^ (h >> np.uint64(13))
     h = (h * np.uint64(_M2)) & mask
     return h ^ (h >> np.uint64(16))
-
-
-def _uniforms_at(keys: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """U(seed, t, i) for the token ids `index` ([1, n] or [rows, n]) of each row's key."""
-    k0, k1 = keys[:, :1], keys[:, 1:]
-    a = _fmix32(_fmix32(index ^ k0) ^ k1)
-    b = _fmix32(a ^ _fmix32(k1 ^ 0x9E3779B9)) >> 11  # 21 bits
-    return ((a << 21) + b).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
 
 
 def gumbel_sample(logits: torch.Tensor, temperatures: torch.Tensor, keys: torch.Tensor

@@ -61,9 +61,6 @@ def draw_rows(batch: Any, requests: Any, logits: torch.Tensor,
             if s.request_id is not None:
                 observe(s.request_id, (ids[at:at + s.count], logprobs[at:at + s.count]))
             at += s.count
-    if draft_token_ids is None:
-        _draw(logits, [(s, j) for s in spans for j in range(s.count)])
-        return
     live = spans
     for r in range(max(s.count for s in spans)):
         now = [s for s in live if r < s.count]
@@ -72,9 +69,8 @@ def draw_rows(batch: Any, requests: Any, logits: torch.Tensor,
         tokens = _draw(logits, [(s, r) for s in now])
         live = []
         for s, token in zip(now, tokens):
-            assert s.drafts is not None
-            if r + 1 < s.count and token != s.drafts[r]:  # rejected: the rows after are unread
-                _refuse(logits, s, r + 1)
+            if s.drafts is not None and r + 1 < s.count and token != s.drafts[r]:
+                _refuse(logits, s, r + 1)  # rejected: the rows after are unread
             else:
                 live.append(s)
 
