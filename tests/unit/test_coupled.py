@@ -37,7 +37,7 @@ def test_noise_of_some_tokens_is_the_full_rows_noise() -> None:
 
 
 def test_store_finds_the_longest_seen_suffix_per_prompt() -> None:
-    store = DistributionStore(1, 3)
+    store = DistributionStore(1, 3, mix=1)
     a = (np.array([1]), np.array([0.0]))
     b = (np.array([2]), np.array([0.0]))
     store.observe((9,), [4, 5, 6], a)  # keys (6), (5 6), (4 5 6)
@@ -49,9 +49,32 @@ def test_store_finds_the_longest_seen_suffix_per_prompt() -> None:
     assert found([0, 4, 5, 6]) == 1
     assert found([1, 5, 6]) == 1  # (5 6)
     assert found([3, 6]) == 2  # only (6) matches: the most recent
-    assert store.lookup((8,), [4, 5, 6]) is None  # another prompt
     assert found([5]) is None
     assert store.size == 4
+
+
+def test_store_falls_back_to_what_any_prompt_saw() -> None:
+    store = DistributionStore(1, 3)
+    store.observe((9,), [4, 5, 6], (np.array([1]), np.array([0.0])))
+    store.observe((8,), [7, 6], (np.array([2]), np.array([0.0])))
+    got = store.lookup((7,), [4, 5, 6])  # a prompt that saw nothing: (4 5 6) from prompt 9
+    assert got is not None and got[0].tolist() == [1]
+    got = store.lookup((8,), [4, 5, 6])  # prompt 8's own (6) first, though shorter
+    assert got is not None and got[0].tolist() == [2]
+    assert DistributionStore(1, 3, shared_entries=0).lookup((7,), [6]) is None
+
+
+def test_store_averages_the_last_observations_of_a_context() -> None:
+    store = DistributionStore(1, 1, mix=2)
+    half = np.log(np.array([0.5, 0.5]))
+    store.observe((9,), [6], (np.array([1, 2]), half))
+    store.observe((9,), [6], (np.array([2, 3]), np.log(np.array([0.9, 0.1]))))
+    ids, logprobs = store.lookup((9,), [6])  # type: ignore[misc]
+    assert ids.tolist() == [1, 2, 3]
+    assert np.allclose(np.exp(logprobs), [0.25, 0.7, 0.05])
+    store.observe((9,), [6], (np.array([4]), np.array([0.0])))  # the first one goes
+    ids, logprobs = store.lookup((9,), [6])  # type: ignore[misc]
+    assert ids.tolist() == [2, 3, 4] and np.allclose(np.exp(logprobs), [0.45, 0.05, 0.5])
 
 
 def test_store_drops_the_least_recently_used_prompt_past_its_bound() -> None:
@@ -61,7 +84,11 @@ def test_store_drops_the_least_recently_used_prompt_past_its_bound() -> None:
     store.observe((2,), [1, 2], one)
     store.observe((1,), [3, 4], one)  # prompt 1 used last: prompt 2 goes at 6 entries
     assert store.size == 4
-    assert store.lookup((2,), [1, 2]) is None and store.lookup((1,), [1, 2]) is not None
+    assert store.lookup((1,), [1, 2]) is not None
+    shared = DistributionStore(1, 1, shared_entries=2)
+    for last in (1, 2, 3):
+        shared.observe((last,), [last], one)  # each prompt its own; (1) leaves the shared
+    assert shared.lookup((5,), [1]) is None and shared.lookup((5,), [3]) is not None
 
 
 def test_drafts_from_the_true_distribution_are_the_sampled_tokens() -> None:
@@ -80,7 +107,12 @@ def test_drafts_from_the_true_distribution_are_the_sampled_tokens() -> None:
             context.append(int(token))
         assert coupled_drafts(store, (0,), [7], seed=seed, first_t=10, temperature=1.0,
                               limit=7) == drawn
-    assert coupled_drafts(store, (1,), [7], seed=0, first_t=10, temperature=1.0,
+        # another prompt (nothing of its own stored) drafts from what prompt 0 saw
+        assert coupled_drafts(store, (1,), [7], seed=seed, first_t=10, temperature=1.0,
+                              limit=7) == drawn
+    alone = DistributionStore(1, 1, shared_entries=0)
+    alone.observe((0,), [7], observed(table[7]))
+    assert coupled_drafts(alone, (1,), [7], seed=0, first_t=10, temperature=1.0,
                           limit=7) == []  # nothing stored for that prompt
 
 
