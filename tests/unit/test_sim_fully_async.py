@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from dynaresize.sim.cli import format_table
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.fully_async import run_fully_async, search_fully_async
 from dynaresize.sim.run import simulate
@@ -34,3 +35,5 @@ def test_deeper_staleness_is_not_slower_and_speculation_applies() -> None:
     out = simulate("dapo-7b", 8, ("fully-async",), steps=4, staleness=1, requests_per_step=64,
                    split=5, speculation="das")
     assert out["results"][0]["accepted_per_iteration"] > 1.0
+    assert 0.0 < out["results"][0]["speculating_share"] <= 1.0
+    assert "fully-async" in format_table(out).splitlines()[-1]  # `simulate`'s table prints it

@@ -151,7 +151,9 @@ def _row(workload: Workload, gpus: int, num_rollout: int, steps: int, staleness:
         "mixed_version_share": round(mixed[0] / max(1, mixed[1]), 4),
         "max_lag": trainer.max_lag}
     if stats is not None:
-        row["accepted_per_iteration"] = stats.stats()["accepted_per_iteration"]
+        got = stats.stats()
+        row["accepted_per_iteration"] = got["accepted_per_iteration"]
+        row["speculating_share"] = got["speculating_share"]
     return row
 
 
