@@ -2,13 +2,13 @@
 import): each opted-in row becomes the token our counter-based sampler draws at that row's
 position, as the row's only finite logit (`rollout.vllm_speculative` says why).
 
-A draw costs a hash of the whole vocabulary (`gumbel.gumbel_sample`: ~1 ms a row for 49,152
-tokens on one CPU thread, measured), so a verify forward's rows are drawn in rounds, row `r` of every
+A draw costs a hash of the whole vocabulary (`gumbel.gumbel_sample`: ~1 ms a row for 49,152 tokens
+on one CPU thread, measured), so a verify forward's rows are drawn in rounds, row `r` of every
 request whose drafts were all kept before it: vLLM keeps a request's drafts up to the first that
 differs from its row's token, and the rows after that one are never read. They get a token that
-differs from their draft instead (so they could not be kept even if they were read), and a
-request that accepted few of its drafts pays few draws. Where vLLM's draft tokens are not given,
-every row is drawn.
+differs from their draft instead (so they could not be kept even if they were read), and a request
+that accepted few of its drafts pays few draws. Where vLLM's draft tokens are not given, every row
+is drawn.
 """
 
 from __future__ import annotations
