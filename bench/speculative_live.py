@@ -7,9 +7,12 @@ placement timing) and the same weights (`param_sha256`), the rollout's and the s
 rollout tokens/s, and the run's acceptance (`summary.json` "speculation": tokens per forward of
 a request, accepted drafts per verify iteration). The runs follow each other on a shared
 machine, so their seconds carry its load; `bench/speculative_vllm.py` measures the speed side by
-side, step by step. `--write-results` writes the block into docs/results.md.
+side, step by step. `--write-results` writes the block into docs/results.md (with
+`--full-batch N`, which overrides the example's `rollout.speculative.full_batch` in the run with
+speculation, its own block).
 
     python bench/speculative_live.py --steps 3 --write-results
+    python bench/speculative_live.py --full-batch 0 --write-results   # drafts at any load
 """
 
 from __future__ import annotations
@@ -27,13 +30,24 @@ from policies import write_block  # noqa: E402  (bench/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench-speculative-live:start -->", "<!-- bench-speculative-live:end -->"
+
+
+def markers(full_batch: int | None) -> tuple[str, str]:
+    """The block of the example's budget, or of `--full-batch N`: each its own."""
+    if full_batch is None:
+        return START, END
+    return (f"<!-- bench-speculative-live-fb{full_batch}:start -->",
+            f"<!-- bench-speculative-live-fb{full_batch}:end -->")
 CONFIG = ROOT / "examples" / "real-tail-vllm.toml"
 
 
-def train(out: Path, steps: int, speculation: bool) -> dict[str, Any]:
+def train(out: Path, steps: int, speculation: bool, full_batch: int | None = None
+          ) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "dynaresize", "train", "--config", str(CONFIG), "--out",
            str(out), "--set", f"run.steps={steps}", "--set", "output.progress='plain'",
            "--set", f"rollout.speculative.enabled={'true' if speculation else 'false'}"]
+    if full_batch is not None:
+        cmd += ["--set", f"rollout.speculative.full_batch={full_batch}"]
     print("$", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -65,10 +79,14 @@ def compare(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def format_block(r: dict[str, Any]) -> str:
+def format_block(r: dict[str, Any], full_batch: int | None = None) -> str:
     rs, ss, ts, sp = r["rollout_s"], r["step_s"], r["rollout_tokens_per_s"], r["speculation"]
+    knob = "" if full_batch is None else f" --full-batch {full_batch}"
+    budget = "" if full_batch is None else \
+        f"; speculation with rollout.speculative.full_batch = {full_batch}"
     return "\n".join([
-        f"`python bench/speculative_live.py --steps {r['steps']}` (examples/real-tail-vllm.toml:"
+        f"`python bench/speculative_live.py --steps {r['steps']}{knob}` "
+        f"(examples/real-tail-vllm.toml{budget}:"
         f" SmolLM2-135M on vLLM, gsm_symbolic chain of thought at temperature 0.6, "
         f"{r['samples']} samples over {r['steps']} steps, responses of median "
         f"{r['response_tokens']['median']} and up to {r['response_tokens']['max']} tokens; "
@@ -93,17 +111,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None,
                         help="keep the two run folders here (default: a temporary folder)")
+    parser.add_argument("--full-batch", type=int, default=None, metavar="N",
+                        help="rollout.speculative.full_batch of the run with speculation "
+                        "(default: the example's, 3; 0 drafts at any load)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
+    if args.full_batch is not None and args.full_batch < 0:
+        parser.error(f"--full-batch must be >= 0, got {args.full_batch}")
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
         off = train(root / "off", args.steps, speculation=False)
-        on = train(root / "on", args.steps, speculation=True)
+        on = train(root / "on", args.steps, speculation=True, full_batch=args.full_batch)
     result = compare(off, on)
-    block = format_block(result)
+    block = format_block(result, args.full_batch)
     print(block)
     if args.write_results:
-        write_block(START, END, block)
+        write_block(*markers(args.full_batch), block)
 
 
 if __name__ == "__main__":
