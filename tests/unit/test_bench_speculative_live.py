@@ -1,0 +1,32 @@
+"""bench/speculative_live.py's comparison and blocks (pure, milliseconds)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from speculative_live import START, compare, format_block, markers  # noqa: E402
+
+
+def _run(rollout_s: float, sha: str, tokens: int = 100) -> dict:
+    metrics = [{"rollout_s": rollout_s / 2, "step_s": 10.0, "tokens": tokens}] * 2
+    records = {(0, 0, s): {"response_tokens": 10 * (s + 1), "reward": 1.0} for s in range(4)}
+    summary = {"param_sha256": sha, "speculation": {
+        "tokens_per_forward": 1.5, "mean_accepted_per_verify": 0.9, "accepted_tokens": 9,
+        "draft_tokens": 20}}
+    return {"metrics": metrics, "records": records, "summary": summary}
+
+
+def test_compare_and_the_blocks_name_the_budget() -> None:
+    result = compare(_run(20.0, "a"), _run(10.0, "a"))
+    assert result["same_records"] and result["same_weights"]
+    assert result["rollout_s"] == {"off": 20.0, "on": 10.0}
+    assert not compare(_run(20.0, "a"), _run(10.0, "b"))["same_weights"]
+    example = format_block(result)
+    assert "rollout **2.00x** faster" in example and "--full-batch" not in example
+    any_load = format_block(result, 0)
+    assert "--full-batch 0" in any_load and "full_batch = 0" in any_load
+    assert markers(None)[0] == START
+    assert markers(0) == ("<!-- bench-speculative-live-fb0:start -->",
+                          "<!-- bench-speculative-live-fb0:end -->")
