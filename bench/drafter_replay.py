@@ -132,8 +132,8 @@ def replay(rows: list[dict[str, Any]], max_draft_tokens: int, min_ngram: int,
                 store, prompt, context, seed=seed, first_t=done, temperature=temperature,
                 limit=budget)
             drafts = drafts or spec.pool.propose(key, budget)
-            kept = next((i for i, d in enumerate(drafts)
-                         if done + i >= len(tokens) or tokens[done + i] != d), len(drafts))
+            kept = next((k for k, d in enumerate(drafts)
+                         if done + k >= len(tokens) or tokens[done + k] != d), len(drafts))
             emitted = tokens[done:done + kept + 1]
             if tops is not None:  # the rows this forward kept, each after its context
                 ids, logprobs = tops[i]
