@@ -30,6 +30,7 @@ from policies import write_block  # noqa: E402  (bench/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench-speculative-live:start -->", "<!-- bench-speculative-live:end -->"
+CONFIG = ROOT / "examples" / "real-tail-vllm.toml"
 
 
 def markers(full_batch: int | None) -> tuple[str, str]:
@@ -38,7 +39,6 @@ def markers(full_batch: int | None) -> tuple[str, str]:
         return START, END
     return (f"<!-- bench-speculative-live-fb{full_batch}:start -->",
             f"<!-- bench-speculative-live-fb{full_batch}:end -->")
-CONFIG = ROOT / "examples" / "real-tail-vllm.toml"
 
 
 def train(out: Path, steps: int, speculation: bool, full_batch: int | None = None
