@@ -118,6 +118,16 @@ def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
         ray.shutdown()
 
 
+def _checkpoints(cfg: Config, rundir: RunDir, resuming: bool) -> Any:
+    """Where the run checkpoints (`run.checkpoint_every`, or a resumed run's directory), or
+    None (no run directory, or neither)."""
+    from dynaresize.orchestrator.checkpoint import CheckpointTarget
+
+    if rundir.path is None or not (cfg.run.checkpoint_every or resuming):
+        return None
+    return CheckpointTarget(rundir.path, cfg.run.checkpoint_every, RayWeightIO())
+
+
 def _speculation(devices: list[Any]) -> dict[str, Any]:
     """The run's speculative decoding (`speculation_summary`) from every live device's
     counters (a device lost to a fault is left out)."""
@@ -193,7 +203,6 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     from dynaresize.devices.settings import DeviceSettings
     from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
     from dynaresize.orchestrator import Orchestrator
-    from dynaresize.orchestrator.checkpoint import CheckpointTarget
     from dynaresize.orchestrator.fault_injection import FaultInjector
     from dynaresize.tasks import make_task
 
@@ -229,9 +238,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
             if stop_after_steps is not None and record["step"] + 1 >= stop_after_steps:
                 raise RunStopped(f"stopped after {stop_after_steps} steps")
 
-        checkpoints = None
-        if rundir.path is not None and (cfg.run.checkpoint_every or resume_from):
-            checkpoints = CheckpointTarget(rundir.path, cfg.run.checkpoint_every, RayWeightIO())
+        checkpoints = _checkpoints(cfg, rundir, resume_from is not None)
         clock = RealClock()
         injector = FaultInjector(cfg.faults.kill, pool.kill, clock.now)
 

