@@ -62,7 +62,7 @@ def test_resume_refuses_changing_the_seed(tmp_path: Path,
 
 
 def test_bad_trace_names_line_and_field(tmp_path: Path) -> None:
-    from dynaresize.sim.workloads import load_trace
+    from dynaresize.sim.traces import load_trace
 
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"step": 0, "prompt": 0, "sample": 0, "response_tokens": -1, '

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynaresize.config import Config, ConfigError, load_config
-from dynaresize.sim.workloads import TRACE_KEYS, parse_trace_lines
+from dynaresize.sim.traces import TRACE_KEYS, parse_trace_lines
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -10,13 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynaresize.sim.workloads import (
-    PRESETS,
-    get_workload,
-    load_trace,
-    parse_trace_lines,
-    write_trace,
-)
+from dynaresize.sim.traces import load_trace, parse_trace_lines, write_trace
+from dynaresize.sim.workloads import PRESETS, get_workload
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

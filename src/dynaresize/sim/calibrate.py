@@ -32,7 +32,8 @@ import numpy as np
 from dynaresize.config import Config, ConfigError, load_config
 from dynaresize.core.rundir import read_jsonl
 from dynaresize.sim.costs import CostModel, GpuSpec, ModelSpec, ResizeCosts
-from dynaresize.sim.workloads import StepRequests, TraceWorkload
+from dynaresize.sim.traces import TraceWorkload
+from dynaresize.sim.workloads import StepRequests
 
 NOMINAL_PARAMS = 1e6
 """Parameter count the calibrated model is expressed in (only ratios matter)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from dynaresize.sim.episodes import episode_workload
-from dynaresize.sim.workloads import Workload, get_workload, load_trace
+from dynaresize.sim.traces import load_trace
+from dynaresize.sim.workloads import Workload, get_workload
 
 
 def resolve_workload(spec: str, **kwargs: Any) -> Workload:
