@@ -12,9 +12,10 @@ from dynaresize.config import Config, load_config
 from dynaresize.core.rundir import read_jsonl
 from dynaresize.core.timeline import allocation_sequence, resize_sequence
 from dynaresize.sim.clock import VirtualClock
-from dynaresize.sim.costs import get_cost_model, reshard_bytes
+from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.device import SimDevice
 from dynaresize.sim.harness import run_config, workload_for_config
+from dynaresize.sim.resize_costs import reshard_bytes
 from dynaresize.sim.workloads import get_workload
 
 # the live test's config and forced schedule (tests/integration/test_resize_live.py)

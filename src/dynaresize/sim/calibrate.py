@@ -31,7 +31,8 @@ import numpy as np
 
 from dynaresize.config import Config, ConfigError, load_config
 from dynaresize.core.rundir import read_jsonl
-from dynaresize.sim.costs import CostModel, GpuSpec, ModelSpec, ResizeCosts
+from dynaresize.sim.costs import CostModel, GpuSpec, ModelSpec
+from dynaresize.sim.resize_costs import ResizeCosts
 from dynaresize.sim.traces import TraceWorkload
 from dynaresize.sim.workloads import StepRequests
 
