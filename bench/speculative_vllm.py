@@ -287,6 +287,8 @@ def main() -> None:
                              "RL run); 0: fresh engines")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
+    if args.warm_prompts < 0:
+        parser.error(f"--warm-prompts {args.warm_prompts}: allowed 0 (fresh engines) or more")
     result = run(args)
     block = format_block(result)
     print(block)
