@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from dynaresize.sim.costs import ModelSpec
+
+class ModelSize(Protocol):
+    """What a recovery's costs read of the model (`sim.costs.ModelSpec`)."""
+
+    @property
+    def num_params(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -57,15 +61,15 @@ class RecoveryCosts:
     rebuild_world_per_rank_s: float = 2e-3
     """Rendezvous cost per surviving rank (the store sees every rank)."""
 
-    def checkpoint_bytes(self, model: ModelSpec) -> float:
+    def checkpoint_bytes(self, model: ModelSize) -> float:
         return model.num_params * self.checkpoint_bytes_per_param
 
-    def save_s(self, model: ModelSpec, num_ranks: int) -> float:
+    def save_s(self, model: ModelSize, num_ranks: int) -> float:
         """One rank writes its 1/num_ranks share of the training state."""
         return self.checkpoint_fixed_s + self.checkpoint_bytes(model) / max(1, num_ranks) \
             / self.disk_bytes_per_s
 
-    def load_s(self, model: ModelSpec, num_ranks: int) -> float:
+    def load_s(self, model: ModelSize, num_ranks: int) -> float:
         """One rank reads its share (resharded to the loading group's size)."""
         return self.save_s(model, num_ranks)
 
