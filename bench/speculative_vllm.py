@@ -31,15 +31,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from policies import write_block  # bench/policies.py: a results block between markers
+from spec_warm import warm_prompts, warm_specs  # bench/spec_warm.py (--warm-prompts)
 from speculative import per_iteration  # bench/speculative.py (the builtin engine's bench)
 
 
 def markers(temperature: float, concurrent: int = 1, full_batch: int = 0,
-            warm_prompts: int = 0) -> tuple[str, str]:
+            num_warm: int = 0) -> tuple[str, str]:
     """The results block of one setting (temperature, concurrency, budget, warm-up): each its
     own."""
     name = f"t{temperature:g}" + (f"-c{concurrent}" if concurrent != 1 else "") + \
-        (f"-fb{full_batch}" if full_batch else "") + (f"-w{warm_prompts}" if warm_prompts else "")
+        (f"-fb{full_batch}" if full_batch else "") + (f"-w{num_warm}" if num_warm else "")
     return (f"<!-- bench-speculative-vllm-{name}:start -->",
             f"<!-- bench-speculative-vllm-{name}:end -->")
 
@@ -113,8 +114,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              *([] if args.coupled is None else
                                [f"rollout.speculative.coupled={args.coupled}"])])
     settings = settings_from_config(cfg.rollout.speculative)
-    prompts = make_task(cfg).batch(0, args.prompts, cfg.run.seed)
-    warm = _warm_prompts(cfg, args, {p.id for p in prompts})
+    task = make_task(cfg)
+    prompts = task.batch(0, args.prompts, cfg.run.seed)
+    warm = warm_prompts(task, len(prompts), args.warm_prompts, cfg.run.seed)
+    # (with a warm-up, the engines' max_model_len also covers its prompts: KV memory is fixed)
     max_len = max(len(p.tokens) for p in [*prompts, *warm]) + args.max_new_tokens + 8
     engines = _engines(cfg, max_len, {"off": None, "on": settings})
     _serve(engines, [RequestSpec(-1, prompts[0].id, 0, 0, prompts[0].tokens, 16, 1, 1.0)])
@@ -150,31 +153,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {**_summarise(rows, stats, args), "coupled": bool(settings and settings.coupled)}
 
 
-WARM_STEP = 1
-"""The task batch `--warm-prompts` come from (the timed requests use step 0's)."""
-
-
-def _warm_prompts(cfg: Any, args: argparse.Namespace, timed: set[int]) -> list[Any]:
-    """`--warm-prompts` prompts of another step's batch, none of the timed ones."""
-    from dynaresize.tasks import make_task
-
-    if not args.warm_prompts:
-        return []
-    return [p for p in make_task(cfg).batch(WARM_STEP, args.warm_prompts, cfg.run.seed)
-            if p.id not in timed]
-
-
 def _warm(engines: dict[str, Any], cfg: Any, args: argparse.Namespace, prompts: list[Any]
           ) -> None:
     """`--warm-prompts`: before the timed requests, both engines serve `--samples` samples
-    of other `prompts` (untimed, 8 at a time, their acceptance not counted), as their
-    earlier steps would in an RL run: the speculating engine's drafters then hold what they
-    verified there (other prompts' contexts: the shared fallback)."""
-    from dynaresize.core.types import RequestSpec, request_seed
-
-    specs = [RequestSpec(-2, p.id, s, 0, p.tokens, args.max_new_tokens,
-                         request_seed(cfg.run.seed, -2, p.id, s), args.temperature)
-             for p in prompts for s in range(args.samples)]
+    of other `prompts` (`spec_warm`; untimed, 8 at a time, their acceptance not counted), as
+    their earlier steps would in an RL run: the speculating engine's drafters then hold what
+    they verified there (other prompts' contexts: the shared fallback)."""
+    specs = warm_specs(prompts, args.samples, args.max_new_tokens, args.temperature,
+                       cfg.run.seed)
     t0 = time.perf_counter()
     for first in range(0, len(specs), 8):
         _serve(engines, specs[first:first + 8])
@@ -295,10 +281,16 @@ def main() -> None:
     if args.write_results:
         write_block(*markers(args.temperature, args.concurrent, args.full_batch,
                              args.warm_prompts), block)
-        # the tail's acceptance from a fresh engine, for the twin
-        if args.concurrent == 1 and not args.full_batch and not args.warm_prompts:
-            out = ROOT / "docs" / "data" / f"spec_acceptance_vllm_t{args.temperature:g}.json"
+        if (out := acceptance_file(args)) is not None:
             out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+def acceptance_file(args: argparse.Namespace) -> Path | None:
+    """Where the twin's acceptance counts go: only the tail's (one request at a time, drafts
+    at any load) from fresh engines; None for any other setting."""
+    if args.concurrent != 1 or args.full_batch or args.warm_prompts:
+        return None
+    return ROOT / "docs" / "data" / f"spec_acceptance_vllm_t{args.temperature:g}.json"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""bench/speculative_vllm.py's summary, blocks and warm-up prompts (pure, milliseconds)."""
+"""bench/speculative_vllm.py's summary, blocks and acceptance file, and bench/spec_warm.py's
+warm-up prompts (pure, milliseconds)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from speculative_vllm import _summarise, format_block, markers  # noqa: E402
+from spec_warm import WARM_REQUEST_STEP, warm_prompts, warm_specs, warm_step  # noqa: E402
+from speculative_vllm import _summarise, acceptance_file, format_block, markers  # noqa: E402
+
+from dynaresize.tasks.base import global_index  # noqa: E402
 
 
-def _args(warm_prompts: int) -> Namespace:
+def _args(warm_prompts: int, concurrent: int = 1) -> Namespace:
     return Namespace(temperature=1.0, max_draft_tokens=7, full_batch=0, max_new_tokens=64,
-                     concurrent=1, rounds=2, warm_prompts=warm_prompts)
+                     concurrent=concurrent, rounds=2, warm_prompts=warm_prompts)
 
 
 def _rows() -> list[dict]:
@@ -39,4 +43,30 @@ def test_the_summary_and_the_blocks_name_the_warm_up() -> None:
     assert "--warm-prompts 32" in warm and "samples of 32 other prompts" in warm
     assert markers(1.0) == ("<!-- bench-speculative-vllm-t1:start -->",
                             "<!-- bench-speculative-vllm-t1:end -->")
-    assert markers(1.0, warm_prompts=32)[0] == "<!-- bench-speculative-vllm-t1-w32:start -->"
+    assert markers(1.0, num_warm=32)[0] == "<!-- bench-speculative-vllm-t1-w32:start -->"
+
+
+def test_only_fresh_engines_one_request_at_a_time_write_the_twins_file() -> None:
+    assert acceptance_file(_args(0)).name == "spec_acceptance_vllm_t1.json"
+    assert acceptance_file(_args(32)) is None
+    assert acceptance_file(_args(0, concurrent=4)) is None
+
+
+class _Task:
+    """Numbers its prompts as the tasks do (`global_index`)."""
+
+    def batch(self, step: int, num_prompts: int, seed: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(id=global_index(step, num_prompts, i), tokens=[1, 2, i])
+                for i in range(num_prompts)]
+
+
+def test_warm_up_prompts_never_meet_the_timed_ones() -> None:
+    for num_timed in range(0, 40):
+        for num_warm in range(1, 40):
+            got = warm_prompts(_Task(), num_timed, num_warm, seed=0)
+            ids = [p.id for p in got]
+            assert len(ids) == num_warm and min(ids) >= num_timed, (num_timed, num_warm)
+    assert warm_step(3, 32) == 1 and warm_step(3, 2) == 2 and warm_prompts(_Task(), 3, 0, 0) == []
+    specs = warm_specs(warm_prompts(_Task(), 3, 2, 0), 4, 16, 1.0, run_seed=7)
+    assert len(specs) == 8 and {s.step for s in specs} == {WARM_REQUEST_STEP}
+    assert len({s.seed for s in specs}) == 8

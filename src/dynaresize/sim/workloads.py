@@ -1,4 +1,5 @@
-"""Workloads of the digital twin: synthetic presets from published statistics, and traces.
+"""Workloads of the digital twin: synthetic presets from published statistics (traces:
+`sim.traces`).
 
 A workload says, for every request `(step, prompt, sample)`, how many prompt tokens it has
 and how many tokens its response will have. Every generator is deterministic in
