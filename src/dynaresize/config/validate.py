@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dynaresize.config.checks import fraction, non_negative, one_of, positive
 from dynaresize.config.literal import toml_repr
 from dynaresize.config.schema import (
     ADVANTAGES,
@@ -40,39 +41,19 @@ def _is_file(path: str, directory_ok: bool = False) -> bool:
         return False
 
 
-def _positive(name: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(name, value, "must be > 0")
-
-
-def _non_negative(name: str, value: float) -> None:
-    if value < 0:
-        raise ConfigError(name, value, "must be >= 0")
-
-
-def _fraction(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(name, value, "must be in [0, 1]")
-
-
-def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(name, value, f"allowed: {', '.join(allowed)}")
-
-
 def _validate_loss(cfg: Config) -> None:
     loss = cfg.train.loss
     for name in ("clip_low", "clip_high", "entropy_coef", "overlong_window",
                  "overlong_penalty"):
-        _non_negative(f"train.loss.{name}", getattr(loss, name))
+        non_negative(f"train.loss.{name}", getattr(loss, name))
     if loss.clip_low >= 1:
         raise ConfigError("train.loss.clip_low", loss.clip_low, "must be < 1")
-    _one_of("train.loss.aggregation", loss.aggregation, AGGREGATIONS)
-    _one_of("train.loss.advantage", loss.advantage, ADVANTAGES)
-    _one_of("train.loss.ratio", loss.ratio, RATIOS)
-    _one_of("train.loss.kl_estimator", loss.kl_estimator, KL_ESTIMATORS)
-    _positive("train.dynamic_sampling.max_rounds", cfg.train.dynamic_sampling.max_rounds)
-    _non_negative("train.dynamic_sampling.margin", cfg.train.dynamic_sampling.margin)
+    one_of("train.loss.aggregation", loss.aggregation, AGGREGATIONS)
+    one_of("train.loss.advantage", loss.advantage, ADVANTAGES)
+    one_of("train.loss.ratio", loss.ratio, RATIOS)
+    one_of("train.loss.kl_estimator", loss.kl_estimator, KL_ESTIMATORS)
+    positive("train.dynamic_sampling.max_rounds", cfg.train.dynamic_sampling.max_rounds)
+    non_negative("train.dynamic_sampling.margin", cfg.train.dynamic_sampling.margin)
     if loss.overlong_window > cfg.task.max_new_tokens:
         raise ConfigError("train.loss.overlong_window", loss.overlong_window,
                           f"must be <= task.max_new_tokens = {cfg.task.max_new_tokens}")
@@ -88,70 +69,70 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
     offers (devices, vLLM); `check_packages`: also that a `model.source`'s package is
     installed (only a real run needs it)."""
     r, t, m, a = cfg.run, cfg.task, cfg.train, cfg.allocation
-    _positive("run.steps", r.steps)
+    positive("run.steps", r.steps)
     if isinstance(r.staleness, bool) or not isinstance(r.staleness, int) \
             or not 0 <= r.staleness <= MAX_STALENESS:
         raise ConfigError("run.staleness", r.staleness, f"allowed: 0 (on-policy) .. "
                           f"{MAX_STALENESS} (every sample of step k from version k - s)")
-    _non_negative("run.checkpoint_every", r.checkpoint_every)
-    _non_negative("run.export_every", r.export_every)
+    non_negative("run.checkpoint_every", r.checkpoint_every)
+    non_negative("run.export_every", r.export_every)
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
-        _positive(f"model.{name}", getattr(cfg.model, name))
+        positive(f"model.{name}", getattr(cfg.model, name))
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise ConfigError("model.hidden_size", cfg.model.hidden_size,
                           f"must be divisible by model.num_heads = {cfg.model.num_heads}")
     if cfg.model.path and not _is_file(cfg.model.path, directory_ok=True):
         raise ConfigError("model.path", cfg.model.path, "no such local path (no downloads)")
     _validate_model_source(cfg, check_packages)
-    _one_of("task.name", t.name, TASKS)
+    one_of("task.name", t.name, TASKS)
     if t.name == "jsonl" and not _is_file(t.path):
         raise ConfigError("task.path", t.path, "task 'jsonl' needs an existing JSON Lines file")
     _validate_text_task(cfg)
-    _positive("task.prompts_per_step", t.prompts_per_step)
-    _positive("task.samples_per_prompt", t.samples_per_prompt)
+    positive("task.prompts_per_step", t.prompts_per_step)
+    positive("task.samples_per_prompt", t.samples_per_prompt)
     if t.samples_per_prompt < 2:
         raise ConfigError("task.samples_per_prompt", t.samples_per_prompt,
                           "must be >= 2 (GRPO normalises rewards within a group)")
-    _positive("task.max_new_tokens", t.max_new_tokens)
-    _positive("task.max_answer_len", t.max_answer_len)
-    _positive("task.tail_alpha", t.tail_alpha)
-    _positive("rollout.max_running_requests", cfg.rollout.max_running_requests)
-    _non_negative("rollout.pack_batch", cfg.rollout.pack_batch)
-    _positive("rollout.temperature", cfg.rollout.temperature)
-    _positive("rollout.slice_s", cfg.rollout.slice_s)
-    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
-    _one_of("rollout.tail_policy", cfg.rollout.tail_policy, TAIL_POLICIES)
-    _positive("rollout.vllm_kv_cache_bytes", cfg.rollout.vllm_kv_cache_bytes)
+    positive("task.max_new_tokens", t.max_new_tokens)
+    positive("task.max_answer_len", t.max_answer_len)
+    positive("task.tail_alpha", t.tail_alpha)
+    positive("rollout.max_running_requests", cfg.rollout.max_running_requests)
+    non_negative("rollout.pack_batch", cfg.rollout.pack_batch)
+    positive("rollout.temperature", cfg.rollout.temperature)
+    positive("rollout.slice_s", cfg.rollout.slice_s)
+    one_of("rollout.engine", cfg.rollout.engine, ENGINES)
+    one_of("rollout.tail_policy", cfg.rollout.tail_policy, TAIL_POLICIES)
+    positive("rollout.vllm_kv_cache_bytes", cfg.rollout.vllm_kv_cache_bytes)
     validate_speculative(cfg)
-    _positive("train.lr", m.lr)
-    _non_negative("train.weight_decay", m.weight_decay)
-    _positive("train.micro_batch_size", m.micro_batch_size)
+    positive("train.lr", m.lr)
+    non_negative("train.weight_decay", m.weight_decay)
+    positive("train.micro_batch_size", m.micro_batch_size)
     if cfg.global_batch_size % m.micro_batch_size:
         raise ConfigError(
             "train.micro_batch_size", m.micro_batch_size,
             f"must divide the global batch of {cfg.global_batch_size} samples "
             f"(task.prompts_per_step x task.samples_per_prompt)")
-    _non_negative("train.max_tokens_per_micro_batch", m.max_tokens_per_micro_batch)
-    _positive("train.clip_eps", m.clip_eps)
-    _non_negative("train.kl_coef", m.kl_coef)
-    _non_negative("train.max_grad_norm", m.max_grad_norm)
+    non_negative("train.max_tokens_per_micro_batch", m.max_tokens_per_micro_batch)
+    positive("train.clip_eps", m.clip_eps)
+    non_negative("train.kl_coef", m.kl_coef)
+    non_negative("train.max_grad_norm", m.max_grad_norm)
     if m.gradient_checkpointing and not m.exact_reduction:
         raise ConfigError("train.gradient_checkpointing", True,
                           "needs train.exact_reduction = true (it applies to the exact path)")
     _validate_loss(cfg)
-    _positive("allocation.num_rollout_devices", a.num_rollout_devices)
-    _positive("allocation.num_train_devices", a.num_train_devices)
+    positive("allocation.num_rollout_devices", a.num_rollout_devices)
+    positive("allocation.num_train_devices", a.num_train_devices)
     _validate_controller(cfg)
-    _positive("resize.staging_bytes", cfg.resize.staging_bytes)
+    positive("resize.staging_bytes", cfg.resize.staging_bytes)
     _validate_schedule(cfg)
     _validate_faults(cfg)
-    _one_of("devices.backend", cfg.devices.backend, BACKENDS)
-    _one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
-    _positive("devices.threads_per_device", cfg.devices.threads_per_device)
+    one_of("devices.backend", cfg.devices.backend, BACKENDS)
+    one_of("devices.type", cfg.devices.type, DEVICE_TYPES)
+    positive("devices.threads_per_device", cfg.devices.threads_per_device)
     if not 0 < cfg.devices.gpus_per_device <= 1:
         raise ConfigError("devices.gpus_per_device", cfg.devices.gpus_per_device,
                           "must be in (0, 1]")
-    _one_of("output.progress", cfg.output.progress, PROGRESS)
+    one_of("output.progress", cfg.output.progress, PROGRESS)
     validate_ray(cfg)
     validate_env(cfg)
     if check_machine and cfg.devices.backend == "ray":
@@ -160,18 +141,18 @@ def validate(cfg: Config, *, check_machine: bool = True, check_packages: bool = 
 
 def _validate_controller(cfg: Config) -> None:
     h, b = cfg.controller.hysteresis, cfg.controller.borrow
-    _non_negative("controller.hysteresis.band", h.band)
-    _non_negative("controller.hysteresis.min_dwell_steps", h.min_dwell_steps)
-    _positive("controller.hysteresis.horizon_steps", h.horizon_steps)
-    _non_negative("controller.hysteresis.cost_margin", h.cost_margin)
-    _non_negative("controller.hysteresis.resize_guess_s", h.resize_guess_s)
-    _positive("controller.hysteresis.tail_batch", h.tail_batch)
-    _non_negative("controller.hysteresis.lend_min_cv", h.lend_min_cv)
+    non_negative("controller.hysteresis.band", h.band)
+    non_negative("controller.hysteresis.min_dwell_steps", h.min_dwell_steps)
+    positive("controller.hysteresis.horizon_steps", h.horizon_steps)
+    non_negative("controller.hysteresis.cost_margin", h.cost_margin)
+    non_negative("controller.hysteresis.resize_guess_s", h.resize_guess_s)
+    positive("controller.hysteresis.tail_batch", h.tail_batch)
+    non_negative("controller.hysteresis.lend_min_cv", h.lend_min_cv)
     for name in ("min_remaining_fraction", "return_fraction", "borrow_fraction"):
-        _fraction(f"controller.borrow.{name}", getattr(b, name))
-    _non_negative("controller.borrow.min_train_devices", b.min_train_devices)
-    _non_negative("controller.borrow.window_factor", b.window_factor)
-    _non_negative("controller.borrow.prior_switch_s", b.prior_switch_s)
+        fraction(f"controller.borrow.{name}", getattr(b, name))
+    non_negative("controller.borrow.min_train_devices", b.min_train_devices)
+    non_negative("controller.borrow.window_factor", b.window_factor)
+    non_negative("controller.borrow.prior_switch_s", b.prior_switch_s)
 
 
 TEXT_TASKS = ("reasoning_gym", "math")
@@ -196,12 +177,12 @@ def _validate_text_task(cfg: Config) -> None:
     """Text tasks and evaluation (whether a generator or file exists is checked when the task
     is built, still before any device starts)."""
     t, e = cfg.task, cfg.eval
-    _one_of("task.format", t.format, TEXT_FORMATS)
-    _non_negative("task.num_fewshot", t.num_fewshot)
-    _positive("task.dataset_size", t.dataset_size)
-    _non_negative("eval.every", e.every)
-    _positive("eval.num_prompts", e.num_prompts)
-    _non_negative("eval.max_new_tokens", e.max_new_tokens)
+    one_of("task.format", t.format, TEXT_FORMATS)
+    non_negative("task.num_fewshot", t.num_fewshot)
+    positive("task.dataset_size", t.dataset_size)
+    non_negative("eval.every", e.every)
+    positive("eval.num_prompts", e.num_prompts)
+    non_negative("eval.max_new_tokens", e.max_new_tokens)
     if cfg.model.source and t.name not in TEXT_TASKS:
         raise ConfigError("task.name", t.name, f"model.source = {toml_repr(cfg.model.source)} is "
                           "pretrained with its own tokenizer; task "
@@ -221,7 +202,7 @@ def _validate_text_task(cfg: Config) -> None:
 
 
 def _validate_faults(cfg: Config) -> None:
-    _positive("faults.timeout_s", cfg.faults.timeout_s)
+    positive("faults.timeout_s", cfg.faults.timeout_s)
     for i, e in enumerate(cfg.faults.kill):
         name = f"faults.kill[{i}]"
         if not 0 <= e.device < cfg.num_devices:
@@ -262,8 +243,8 @@ def _validate_schedule(cfg: Config) -> None:
             if not ok:
                 raise ConfigError(f"{name}.at", e.at,
                                   "allowed: 'start' or 'rollout:F' with 0 < F < 1")
-        _one_of(f"{name}.move", e.move, MOVES)
-        _positive(f"{name}.num_devices", e.num_devices)
+        one_of(f"{name}.move", e.move, MOVES)
+        positive(f"{name}.num_devices", e.num_devices)
     for i, e in sorted(indexed, key=lambda ie: (ie[1].step, ie[1].fraction, ie[0])):
         sign = 1 if e.move == "rollout->train" else -1
         num_rollout -= sign * e.num_devices

@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+from dynaresize.config.checks import one_of, positive
 from dynaresize.config.schema import (
     CPU_DEVICE_BYTES,
     PLACEMENTS,
@@ -59,11 +60,8 @@ def validate_ray(cfg: Config) -> None:
             raise ConfigError("ray.address", address,
                               "allowed: '' (start a local cluster on loopback), 'auto', or "
                               "'HOST:PORT' of a running cluster's GCS (e.g. 10.0.0.1:6379)")
-    if cfg.ray.placement not in PLACEMENTS:
-        raise ConfigError("ray.placement", cfg.ray.placement,
-                          f"allowed: {', '.join(PLACEMENTS)}")
-    if cfg.ray.placement_timeout_s <= 0:
-        raise ConfigError("ray.placement_timeout_s", cfg.ray.placement_timeout_s, "must be > 0")
+    one_of("ray.placement", cfg.ray.placement, PLACEMENTS)
+    positive("ray.placement_timeout_s", cfg.ray.placement_timeout_s)
 
 
 def model_head_dim(cfg: Config) -> int | None:

@@ -3,6 +3,7 @@ naming the field, the value and what is allowed."""
 
 from __future__ import annotations
 
+from dynaresize.config.checks import non_negative, positive
 from dynaresize.config.schema import Config, ConfigError
 from dynaresize.rollout.speculative import DRAFTERS, MIN_ROWS
 
@@ -22,10 +23,8 @@ def validate_speculative(cfg: Config) -> None:
                           "needs rollout.engine = 'builtin' and rollout.batch_invariant = true "
                           "(or 0)")
     for key in ("full_batch", "long_tokens", "history_prompts", "history_responses"):
-        if getattr(sp, key) < 0:
-            raise ConfigError(f"{name}.{key}", getattr(sp, key), "must be >= 0")
-    if sp.min_ngram <= 0:
-        raise ConfigError(f"{name}.min_ngram", sp.min_ngram, "must be > 0")
+        non_negative(f"{name}.{key}", getattr(sp, key))
+    positive(f"{name}.min_ngram", sp.min_ngram)
     if sp.max_ngram < sp.min_ngram:
         raise ConfigError(f"{name}.max_ngram", sp.max_ngram,
                           f"must be >= {name}.min_ngram = {sp.min_ngram}")
