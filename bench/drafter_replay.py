@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import write_block  # bench/policies.py: a results block between markers
+from spec_warm import request_specs  # bench/spec_warm.py
 from speculative_vllm import TASK, _engines, _serve  # bench/speculative_vllm.py
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,6 @@ def markers(temperature: float) -> tuple[str, str]:
 def generate(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Responses (tokens) of `--prompts` x `--samples` x `--rounds` requests, speculation off."""
     from dynaresize.config import load_config
-    from dynaresize.core.types import RequestSpec, request_seed
     from dynaresize.tasks import make_task
 
     cfg = load_config(None, [*TASK, f"task.max_new_tokens={args.max_new_tokens}",
@@ -64,9 +64,8 @@ def generate(args: argparse.Namespace) -> list[dict[str, Any]]:
     engine = _engines(cfg, max_len, {"off": None})["off"]
     rows: list[dict[str, Any]] = []
     for step in range(args.rounds):
-        specs = [RequestSpec(step, p.id, s, 0, p.tokens, args.max_new_tokens,
-                             request_seed(cfg.run.seed, step, p.id, s), args.temperature)
-                 for p in prompts for s in range(args.samples)]
+        specs = request_specs(step, prompts, range(args.samples), args.max_new_tokens,
+                              args.temperature, cfg.run.seed)
         for first in range(0, len(specs), 8):
             out = _serve({"off": engine}, specs[first:first + 8])["off"]
             rows += [{"step": s.step, "prompt": s.prompt, "sample": s.sample,

@@ -1,5 +1,5 @@
-"""`bench/speculative_vllm.py --warm-prompts N`: which prompts warm the engines, and their
-requests (pure: no engine).
+"""`bench/speculative_vllm.py --warm-prompts N`: which prompts warm the engines; and the
+requests the vLLM benches serve, seeded as a run's (`request_specs`; pure: no engine).
 
 The timed requests are step 0's first P prompts (ids 0 .. P-1). The warm-up takes N prompts
 of a later step's batch whose ids all come after them (`tasks.base.global_index`: prompt i of
@@ -8,6 +8,7 @@ step k has id k * N + i), so no timed prompt is ever served before it is timed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 WARM_REQUEST_STEP = -2
@@ -34,12 +35,12 @@ def warm_prompts(task: Any, num_timed: int, num_warm: int, seed: int) -> list[An
     return prompts
 
 
-def warm_specs(prompts: list[Any], samples: int, max_new_tokens: int, temperature: float,
-               run_seed: int) -> list[Any]:
-    """The warm-up's requests: `samples` of each prompt, seeded as a run's would be."""
+def request_specs(step: int, prompts: list[Any], samples: Iterable[int], max_new_tokens: int,
+                  temperature: float, run_seed: int) -> list[Any]:
+    """The requests of `samples` of each prompt at `step`, seeded as a run's would be
+    (`core.types.request_seed`): the same sample draws the same tokens in every bench."""
     from dynaresize.core.types import RequestSpec, request_seed
 
-    step = WARM_REQUEST_STEP
     return [RequestSpec(step, p.id, s, 0, p.tokens, max_new_tokens,
                         request_seed(run_seed, step, p.id, s), temperature)
-            for p in prompts for s in range(samples)]
+            for p in prompts for s in samples]

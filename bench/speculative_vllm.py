@@ -31,7 +31,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from policies import write_block  # bench/policies.py: a results block between markers
-from spec_warm import warm_prompts, warm_specs  # bench/spec_warm.py (--warm-prompts)
+from spec_warm import (  # bench/spec_warm.py (--warm-prompts, the requests)
+    WARM_REQUEST_STEP,
+    request_specs,
+    warm_prompts,
+)
 from speculative import per_iteration  # bench/speculative.py (the builtin engine's bench)
 
 
@@ -103,7 +107,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dynaresize.config import load_config
-    from dynaresize.core.types import RequestSpec, request_seed
+    from dynaresize.core.types import RequestSpec
     from dynaresize.rollout.speculative import settings_from_config
     from dynaresize.tasks import make_task
 
@@ -127,10 +131,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for step in range(args.rounds):
         for p in prompts:
             for first in range(0, args.samples, args.concurrent):
-                specs = [RequestSpec(step, p.id, s, 0, p.tokens, args.max_new_tokens,
-                                     request_seed(cfg.run.seed, step, p.id, s),
-                                     args.temperature)
-                         for s in range(first, min(args.samples, first + args.concurrent))]
+                specs = request_specs(step, [p], range(first, min(args.samples,
+                                                                 first + args.concurrent)),
+                                      args.max_new_tokens, args.temperature, cfg.run.seed)
                 out = _serve(engines, specs)
                 for spec in specs:
                     off, on = out["off"][spec.key], out["on"][spec.key]
@@ -159,8 +162,8 @@ def _warm(engines: dict[str, Any], cfg: Any, args: argparse.Namespace, prompts: 
     of other `prompts` (`spec_warm`; untimed, 8 at a time, their acceptance not counted), as
     their earlier steps would in an RL run: the speculating engine's drafters then hold what
     they verified there (other prompts' contexts: the shared fallback)."""
-    specs = warm_specs(prompts, args.samples, args.max_new_tokens, args.temperature,
-                       cfg.run.seed)
+    specs = request_specs(WARM_REQUEST_STEP, prompts, range(args.samples),
+                          args.max_new_tokens, args.temperature, cfg.run.seed)
     t0 = time.perf_counter()
     for first in range(0, len(specs), 8):
         _serve(engines, specs[first:first + 8])

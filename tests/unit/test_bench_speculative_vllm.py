@@ -9,9 +9,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from spec_warm import WARM_REQUEST_STEP, warm_prompts, warm_specs, warm_step  # noqa: E402
+from spec_warm import (  # noqa: E402
+    WARM_REQUEST_STEP,
+    request_specs,
+    warm_prompts,
+    warm_step,
+)
 from speculative_vllm import _summarise, acceptance_file, format_block, markers  # noqa: E402
 
+from dynaresize.core.types import request_seed  # noqa: E402
 from dynaresize.tasks.base import global_index  # noqa: E402
 
 
@@ -67,6 +73,8 @@ def test_warm_up_prompts_never_meet_the_timed_ones() -> None:
             ids = [p.id for p in got]
             assert len(ids) == num_warm and min(ids) >= num_timed, (num_timed, num_warm)
     assert warm_step(3, 32) == 1 and warm_step(3, 2) == 2 and warm_prompts(_Task(), 3, 0, 0) == []
-    specs = warm_specs(warm_prompts(_Task(), 3, 2, 0), 4, 16, 1.0, run_seed=7)
+    specs = request_specs(WARM_REQUEST_STEP, warm_prompts(_Task(), 3, 2, 0), range(4), 16, 1.0,
+                          run_seed=7)
     assert len(specs) == 8 and {s.step for s in specs} == {WARM_REQUEST_STEP}
     assert len({s.seed for s in specs}) == 8
+    assert all(s.seed == request_seed(7, s.step, s.prompt, s.sample) for s in specs)
