@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults import audit, param_diff  # noqa: E402
-from policies import write_block  # noqa: E402  (bench/ is not a package)
+from policies import block_markers, write_block  # noqa: E402  (bench/ is not a package)
 
 from dynaresize.app.chaos_live import RESIZE  # noqa: E402
 
@@ -141,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         print(text)
     if args.write:
-        name = f"chaos-live-{args.engine}-{args.mode}"
-        write_block(f"<!-- {name}:start -->", f"<!-- {name}:end -->", text)
+        write_block(*block_markers(f"chaos-live-{args.engine}-{args.mode}"), text)
     total = totals(rows)
     print(f"{args.engine}: {len(rows)} trials, {json.dumps(total)}")
     return 0 if total["survived"] == len(rows) else 1

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from policies import write_block  # bench/policies.py: a results block between markers
+from policies import block_markers, write_block  # bench/policies.py: results blocks
 from spec_warm import request_specs  # bench/spec_warm.py
 from speculative_vllm import TASK, _engines, _serve  # bench/speculative_vllm.py
 
@@ -48,8 +48,7 @@ GRID = [(7, 2, 4, ALL), (7, 1, 4, ALL), (7, 3, 4, ALL), (7, 1, 6, ALL), (16, 2, 
 
 
 def markers(temperature: float) -> tuple[str, str]:
-    name = f"t{temperature:g}"
-    return f"<!-- drafter-replay-{name}:start -->", f"<!-- drafter-replay-{name}:end -->"
+    return block_markers(f"drafter-replay-t{temperature:g}")
 
 
 def generate(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -87,6 +87,11 @@ def unseen_line(steps: int) -> str:
             f"{acceptance.unseen_line(ratios)}")
 
 
+def block_markers(name: str) -> tuple[str, str]:
+    """The start and end markers of the results block `name` (`write_block`)."""
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
 def write_block(start: str, end: str, text: str, path: Path = RESULTS) -> None:
     """Replace `path`'s text between the `start` and `end` markers; append the markers (and
     create the file, titled) where they are missing."""

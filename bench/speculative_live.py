@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from policies import write_block  # noqa: E402  (bench/ is not a package)
+from policies import block_markers, write_block  # noqa: E402  (bench/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench-speculative-live:start -->", "<!-- bench-speculative-live:end -->"
@@ -37,8 +37,7 @@ def markers(full_batch: int | None) -> tuple[str, str]:
     """The block of the example's budget, or of `--full-batch N`: each its own."""
     if full_batch is None:
         return START, END
-    return (f"<!-- bench-speculative-live-fb{full_batch}:start -->",
-            f"<!-- bench-speculative-live-fb{full_batch}:end -->")
+    return block_markers(f"bench-speculative-live-fb{full_batch}")
 
 
 def train(out: Path, steps: int, speculation: bool, full_batch: int | None = None

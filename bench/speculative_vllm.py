@@ -30,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from policies import write_block  # bench/policies.py: a results block between markers
+from policies import block_markers, write_block  # bench/policies.py: results blocks
 from spec_warm import (  # bench/spec_warm.py (--warm-prompts, the requests)
     WARM_REQUEST_STEP,
     request_specs,
@@ -45,8 +45,7 @@ def markers(temperature: float, concurrent: int = 1, full_batch: int = 0,
     own."""
     name = f"t{temperature:g}" + (f"-c{concurrent}" if concurrent != 1 else "") + \
         (f"-fb{full_batch}" if full_batch else "") + (f"-w{num_warm}" if num_warm else "")
-    return (f"<!-- bench-speculative-vllm-{name}:start -->",
-            f"<!-- bench-speculative-vllm-{name}:end -->")
+    return block_markers(f"bench-speculative-vllm-{name}")
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ["task.name='reasoning_gym'", "task.generator='gsm_symbolic'", "task.format='chat'",
