@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynaresize.app.progress import Progress
 from dynaresize.config import Config, to_toml
 from dynaresize.core.allocation import Allocation
 from dynaresize.core.rundir import RunDir
 from dynaresize.protocols import RealClock
+
+if TYPE_CHECKING:
+    from dynaresize.orchestrator.checkpoint import CheckpointTarget
 
 
 def _save_model(handle: Any, path: Path) -> None:
@@ -118,7 +121,7 @@ def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
         ray.shutdown()
 
 
-def _checkpoints(cfg: Config, rundir: RunDir, resuming: bool) -> Any:
+def _checkpoints(cfg: Config, rundir: RunDir, resuming: bool) -> CheckpointTarget | None:
     """Where the run checkpoints (`run.checkpoint_every`, or a resumed run's directory), or
     None (no run directory, or neither)."""
     from dynaresize.orchestrator.checkpoint import CheckpointTarget
