@@ -35,7 +35,7 @@ from typing import Any
 
 from policies import block_markers, write_block  # bench/policies.py: results blocks
 from spec_warm import request_specs  # bench/spec_warm.py
-from speculative_vllm import TASK, _engines, _serve  # bench/speculative_vllm.py
+from speculative_vllm import MAX_RUNNING, TASK, _engines, _serve  # bench/speculative_vllm.py
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = "prefix,siblings,history"
@@ -65,12 +65,13 @@ def generate(args: argparse.Namespace) -> list[dict[str, Any]]:
     for step in range(args.rounds):
         specs = request_specs(step, prompts, range(args.samples), args.max_new_tokens,
                               args.temperature, cfg.run.seed)
-        for first in range(0, len(specs), 8):
-            out = _serve({"off": engine}, specs[first:first + 8])["off"]
+        for first in range(0, len(specs), MAX_RUNNING):
+            batch = specs[first:first + MAX_RUNNING]
+            out = _serve({"off": engine}, batch)["off"]
             rows += [{"step": s.step, "prompt": s.prompt, "sample": s.sample,
                       "prompt_tokens": list(s.prompt_tokens),
                       "tokens": list(out[s.key]["completion"].tokens)}
-                     for s in specs[first:first + 8]]
+                     for s in batch]
         print(f"generated step {step}: {len(rows)} responses", flush=True)
     engine.shutdown()
     return rows

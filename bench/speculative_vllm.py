@@ -31,11 +31,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from policies import block_markers, write_block  # bench/policies.py: results blocks
-from spec_warm import (  # bench/spec_warm.py (--warm-prompts, the requests)
-    WARM_REQUEST_STEP,
-    request_specs,
-    warm_prompts,
-)
+from spec_warm import WARM_REQUEST_STEP, request_specs, warm_prompts  # bench/spec_warm.py
 from speculative import per_iteration  # bench/speculative.py (the builtin engine's bench)
 
 
@@ -52,6 +48,10 @@ TASK = ["task.name='reasoning_gym'", "task.generator='gsm_symbolic'", "task.form
         "model.source='smollm2-135m'"]
 
 
+MAX_RUNNING = 8
+"""Requests one engine runs at once (`max_running`): the most a batch served untimed holds."""
+
+
 def _engines(cfg: Any, max_len: int, speculation: dict[str, Any]) -> dict[str, Any]:
     """One in-process vLLM engine (fp32 SmolLM2-135M) per name of `speculation`, each with that
     name's `SpeculationSettings` (None: speculation off)."""
@@ -65,7 +65,7 @@ def _engines(cfg: Any, max_len: int, speculation: dict[str, Any]) -> dict[str, A
     path = model_dir(model)
     try:
         return {name: VllmRolloutEngine(path, eos_token_id=tok.eos_id, device_index=i,
-                                        max_running=8, max_model_len=max_len,
+                                        max_running=MAX_RUNNING, max_model_len=max_len,
                                         kv_cache_bytes=256 * 2**20, speculation=spec)
                 for i, (name, spec) in enumerate(speculation.items())}
     finally:
@@ -158,14 +158,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _warm(engines: dict[str, Any], cfg: Any, args: argparse.Namespace, prompts: list[Any]
           ) -> None:
     """`--warm-prompts`: before the timed requests, both engines serve `--samples` samples
-    of other `prompts` (`spec_warm`; untimed, 8 at a time, their acceptance not counted), as
-    their earlier steps would in an RL run: the speculating engine's drafters then hold what
-    they verified there (other prompts' contexts: the shared fallback)."""
+    of other `prompts` (`spec_warm`; untimed, `MAX_RUNNING` at a time, their acceptance not
+    counted), as their earlier steps would in an RL run: the speculating engine's drafters
+    then hold what they verified there (other prompts' contexts: the shared fallback)."""
     specs = request_specs(WARM_REQUEST_STEP, prompts, range(args.samples),
                           args.max_new_tokens, args.temperature, cfg.run.seed)
     t0 = time.perf_counter()
-    for first in range(0, len(specs), 8):
-        _serve(engines, specs[first:first + 8])
+    for first in range(0, len(specs), MAX_RUNNING):
+        _serve(engines, specs[first:first + MAX_RUNNING])
     if specs:
         print(f"warm-up: {len(specs)} requests of {len(prompts)} other prompts in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
