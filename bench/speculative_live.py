@@ -4,8 +4,10 @@
 
 Reported: whether both wrote the same records (samples.jsonl without `device`, which follows
 placement timing) and the same weights (`param_sha256`), the rollout's and the step's seconds,
-rollout tokens/s, and the run's acceptance (`summary.json` "speculation": tokens per forward of
-a request, accepted drafts per verify iteration). The runs follow each other on a shared
+rollout tokens/s, the tail's tokens/s (metrics.jsonl `tail_tokens_per_s`: each step's longest
+quarter of requests, the same requests in both runs, from first submission to completion;
+the mean over the steps), and the run's acceptance (`summary.json` "speculation": tokens per
+forward of a request, accepted drafts per verify iteration). The runs follow each other on a shared
 machine, so their seconds carry its load; `bench/speculative_vllm.py` measures the speed side by
 side, step by step. `--write-results` writes the block into docs/results.md (with
 `--full-batch N`, which overrides the example's `rollout.speculative.full_batch` in the run with
@@ -74,12 +76,28 @@ def compare(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
                    for n, r in (("off", off), ("on", on))},
         "rollout_tokens_per_s": {n: total(r, "tokens") / total(r, "rollout_s")
                                  for n, r in (("off", off), ("on", on))},
+        "tail_tokens_per_s": {n: _mean_tail(r) for n, r in (("off", off), ("on", on))},
         "speculation": on["summary"]["speculation"],
     }
 
 
+def _mean_tail(run: dict[str, Any]) -> float | None:
+    """The mean over steps of metrics.jsonl's `tail_tokens_per_s` (None if no step has it)."""
+    rates = [m["tail_tokens_per_s"] for m in run["metrics"] if "tail_tokens_per_s" in m]
+    return sum(rates) / len(rates) if rates else None
+
+
+def _tail_cells(tail: dict[str, float | None]) -> tuple[str, str, str]:
+    """The tail's tokens/s off and on, and their ratio (`-` where a run has none)."""
+    off, on = tail["off"], tail["on"]
+    cells = tuple("-" if t is None else f"{t:.2f}" for t in (off, on))
+    ratio = "-" if off is None or on is None else f"{on / off:.2f}x"
+    return cells[0], cells[1], ratio
+
+
 def format_block(r: dict[str, Any], full_batch: int | None = None) -> str:
     rs, ss, ts, sp = r["rollout_s"], r["step_s"], r["rollout_tokens_per_s"], r["speculation"]
+    tail_off, tail_on, tail_ratio = _tail_cells(r["tail_tokens_per_s"])
     knob = "" if full_batch is None else f" --full-batch {full_batch}"
     budget = "" if full_batch is None else \
         f"; speculation with rollout.speculative.full_batch = {full_batch}"
@@ -91,13 +109,14 @@ def format_block(r: dict[str, Any], full_batch: int | None = None) -> str:
         f"{r['response_tokens']['median']} and up to {r['response_tokens']['max']} tokens; "
         f"the two runs one after the other on the shared 2-core machine):",
         "",
-        "| speculation | rollout s (all steps) | rollout tokens/s | step s (mean) |",
-        "|---|---:|---:|---:|",
-        f"| off | {rs['off']:.1f} | {ts['off']:.2f} | {ss['off']:.1f} |",
-        f"| on | {rs['on']:.1f} | {ts['on']:.2f} | {ss['on']:.1f} |",
+        "| speculation | rollout s (all steps) | rollout tokens/s "
+        "| tail tokens/s (longest quarter) | step s (mean) |",
+        "|---|---:|---:|---:|---:|",
+        f"| off | {rs['off']:.1f} | {ts['off']:.2f} | {tail_off} | {ss['off']:.1f} |",
+        f"| on | {rs['on']:.1f} | {ts['on']:.2f} | {tail_on} | {ss['on']:.1f} |",
         "",
-        f"On / off: rollout **{rs['off'] / rs['on']:.2f}x** faster, step "
-        f"{ss['off'] / ss['on']:.2f}x. Records identical: "
+        f"On / off: rollout **{rs['off'] / rs['on']:.2f}x** faster, the tail's tokens/s "
+        f"**{tail_ratio}**, step {ss['off'] / ss['on']:.2f}x. Records identical: "
         f"**{'yes' if r['same_records'] else 'NO'}**; weights identical: "
         f"{'yes' if r['same_weights'] else 'no'}. Acceptance (summary.json): "
         f"{sp['tokens_per_forward']} tokens per forward of a request, "

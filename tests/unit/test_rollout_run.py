@@ -329,3 +329,44 @@ def test_an_engine_being_packed_away_is_still_held_and_busy_for_the_pool() -> No
     assert active == [0] and held == [0, 1], "the test must catch engine 1 mid-export"
     assert busy == {0, 1}
     assert 1 in released
+
+
+class SliceClock:
+    """One second per slice of the engine that ticks it: lives in whole slices."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class TickingEngine(FakeEngine):
+    def __init__(self, index: int, clock: SliceClock) -> None:
+        super().__init__(index)
+        self.clock = clock
+
+    async def run_rollout(self, max_s: float) -> list[Completion]:
+        self.clock.t += 1.0
+        return await super().run_rollout(max_s)
+
+
+def test_a_request_lives_from_its_first_submission_to_its_completion() -> None:
+    """One engine, two slots, one token a slice: queued requests start their lives when they
+    reach the engine, not when the run starts, so every request (and the tail) makes one
+    token a second; the tail is the longest quarter."""
+    async def main() -> RolloutRun:
+        clock = SliceClock()
+        run = RolloutRun(clock, specs(8), RunSettings(0, 2, 1.0), on_completions=lambda c: None)
+        run.add_devices([TickingEngine(0, clock)])
+        await run.wait()
+        return run
+
+    run = asyncio.run(main())
+    lives = {key: (tokens, life_s) for tokens, key, life_s in run.lives.lives}
+    assert len(lives) == 8
+    assert all(life_s == tokens for tokens, life_s in lives.values())
+    assert run.lives.tail_tokens_per_s() == 1.0

@@ -71,6 +71,9 @@ class StepSamples:
     """Streaming: `StepTiming.ready_profile`."""
     response_cv: float | None = None
     """`StepTiming.response_cv`."""
+    tail_tokens_per_s: float | None = None
+    """Tokens/s of the step's longest quarter of requests, first submission to completion
+    (`rollout.lives`; metrics.jsonl)."""
 
 
 _SHORT_SHA: dict[tuple[int, ...], str] = {}

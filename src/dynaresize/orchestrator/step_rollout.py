@@ -251,6 +251,7 @@ class StepRollout:
         return dataclasses.replace(
             got, rollout_device_s=sum(b - a for a, b in run.busy_s.values()),
             rollout_tail_device_s=run.tail_device_s(),
+            tail_tokens_per_s=run.lives.tail_tokens_per_s(),
             ready_profile=stream.ready_profile(self.started_s, self.clock.now())
             if stream is not None else ())
 

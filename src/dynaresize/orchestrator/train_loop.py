@@ -10,10 +10,11 @@ the boundary (`Checkpointer`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dynaresize.control.base import StepTiming
+from dynaresize.core.samples import StepSamples
 from dynaresize.core.stream import Holdings
 from dynaresize.evaluation.evaluator import Evaluator
 from dynaresize.orchestrator.boundary import OptimizerBoundary
@@ -53,6 +54,24 @@ class TrainLoop:
         """Resume: publish the versions the checkpoint restored (before the loops start)."""
         for version, handle in published:
             await self.state.versions.publish(version, handle)
+
+    def _record(self, step: int, got: StepSamples, train_s: float, step_s: float,
+                train_device_s: float, stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The step's metrics.jsonl line (before evaluation's fields)."""
+        allocation = self.state.allocation
+        record: dict[str, Any] = {
+            "step": step, "reward_mean": round(got.reward_mean, 6),
+            "rollout_s": round(got.rollout_s, 4), "train_s": round(train_s, 4),
+            "train_device_s": round(train_device_s, 4), "step_s": round(step_s, 4),
+            "num_rollout_devices": len(allocation.rollout),
+            "num_train_devices": len(allocation.train),
+            "num_resizes": self.resizer.num_in_step.get(step, 0),
+            "tokens": got.num_tokens, "policy_version": got.version,
+            "loss": round(float(stats[0].get("loss", 0.0)), 6),
+        }
+        if got.tail_tokens_per_s is not None:
+            record["tail_tokens_per_s"] = round(got.tail_tokens_per_s, 3)
+        return record
 
     async def _checkpoint(self, step: int) -> None:
         """The checkpoint after `step` (train lock held). The save is a collective of the
@@ -130,17 +149,7 @@ class TrainLoop:
                 self.rundir.event(t1, t2, d.index, "weight_sync", critical=True, step=step)
             await state.versions.publish(step + 1, handles[0])
             board.done(step)
-            record = {
-                "step": step, "reward_mean": round(got.reward_mean, 6),
-                "rollout_s": round(got.rollout_s, 4), "train_s": round(t2 - t0, 4),
-                "train_device_s": round(train_device_s, 4),
-                "step_s": round(t2 - prev_end_s, 4),
-                "num_rollout_devices": len(state.allocation.rollout),
-                "num_train_devices": len(state.allocation.train),
-                "num_resizes": self.resizer.num_in_step.get(step, 0),
-                "tokens": got.num_tokens, "policy_version": got.version,
-                "loss": round(float(stats[0].get("loss", 0.0)), 6),
-            }
+            record = self._record(step, got, t2 - t0, t2 - prev_end_s, train_device_s, stats)
             prev_end_s = t2
             state.step_trained(StepTiming(
                 step, got.rollout_s, t2 - t0, got.num_tokens,

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 from dynaresize.core.types import Completion
 from dynaresize.protocols import Clock, RolloutOps
+from dynaresize.rollout.lives import RequestLives
 from dynaresize.rollout.run_moves import RequestMoves
 from dynaresize.rollout.run_settings import (
     BULK_MIN_FREE,
@@ -33,7 +34,7 @@ from dynaresize.rollout.run_settings import (
     Arrivals,
     RunSettings,
 )
-from dynaresize.rollout.slots import EngineSlot, SlotTable, Work
+from dynaresize.rollout.slots import EngineSlot, SlotTable, Work, work_key
 from dynaresize.rollout.tail_order import TailOrder
 
 
@@ -72,6 +73,8 @@ class RolloutRun(RequestMoves):
         """Finished, not yet handed to `on_completions` (PROGRESS_FRACTION)."""
         self.busy_s: dict[int, list[float]] = {}
         """device → [first slice start, last slice end] in this step."""
+        self.lives = RequestLives()
+        """Each request's first submission and life (the step's `tail_tokens_per_s`)."""
         self.finished = asyncio.Event()
         self.drained = asyncio.Event()
         """Set once every request has been dispatched to a device (the queue is empty)."""
@@ -276,6 +279,7 @@ class RolloutRun(RequestMoves):
                 continue
             if slot.pending:
                 work = slot.to_submit()
+                self.lives.submitted(map(work_key, work), clock.now())
                 if self.tail is not None:
                     self.tail.submitted(work)
                 await device.submit(work)
@@ -300,6 +304,9 @@ class RolloutRun(RequestMoves):
         engine off (returns True: it left), pack or spread."""
         slot.finished(completions)
         self._slots.freed(slot)
+        now_s = self.clock.now()
+        for c in completions:
+            self.lives.finished(c.spec.key, c.num_tokens, now_s)
         self.remaining -= len(completions)
         self.completions.extend(completions)
         if self.tail is not None:
