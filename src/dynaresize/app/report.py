@@ -213,11 +213,29 @@ def summary_text(path: Path, metrics: list[dict], events: list[dict],
              f"final reward: {summary.get('final_reward', last_reward)}"]
     if eval_summary(metrics):
         lines.append(str(eval_summary(metrics)))
+    lines.extend(tail_lines(metrics, summary))
     if metrics:
         allocs = sorted({(m["num_rollout_devices"], m["num_train_devices"]) for m in metrics})
         lines.append("allocations seen (rollout/train): "
                      + ", ".join(f"{r}/{t}" for r, t in allocs[:12]))
     return "\n".join(lines) + "\n"
+
+
+def tail_lines(metrics: list[dict], summary: dict[str, Any]) -> list[str]:
+    """The rollout's tail (metrics.jsonl `tail_tokens_per_s`) and speculation's acceptance
+    (summary.json `speculation`), each where the run has it."""
+    lines = []
+    tails = [m["tail_tokens_per_s"] for m in metrics if "tail_tokens_per_s" in m]
+    if tails:
+        lines.append(f"tail requests (each step's longest quarter, submission to completion): "
+                     f"{np.mean(tails):.2f} tokens/s on average over {len(tails)} steps "
+                     f"(slowest step {min(tails):.2f})")
+    spec = summary.get("speculation") or {}
+    if spec.get("tokens_per_forward") is not None:
+        lines.append(f"speculative decoding: {spec['tokens_per_forward']:.2f} tokens per forward "
+                     f"of a request ({spec.get('accepted_tokens', 0)} of "
+                     f"{spec.get('draft_tokens', 0)} draft tokens accepted)")
+    return lines
 
 
 def report(path: str | Path) -> str:
