@@ -7,12 +7,12 @@ runs inside the actor process; the driver only sees `RayDevice`.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from typing import Any
 
 from dynaresize.devices.cluster import NodeInfo, this_node
+from dynaresize.devices.memory import clone_model, release_dropped, release_free_memory
 from dynaresize.devices.network import LOOPBACK, base_env, loopback_env, network_env
 from dynaresize.devices.settings import DeviceSettings
 from dynaresize.devices.world import init_world, open_store
@@ -20,54 +20,6 @@ from dynaresize.rollout.engine_base import Engine
 from dynaresize.rollout.spec_stats import COUNTS, engine_counts
 
 __all__ = ["LOOPBACK", "DeviceActor", "loopback_env"]
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    """glibc's `malloc_trim`, or None (another libc)."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def release_free_memory() -> None:
-    """Hand the pages glibc's allocator holds free back to the OS (`malloc_trim`): after a
-    step the freed activations and gradients would otherwise stay in this process's resident
-    memory. No effect on any result; a no-op without glibc."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-def release_dropped() -> None:
-    """After dropping a trainer or an engine: collect the reference cycles that keep it alive
-    (FSDP's modules and hooks form some: without a collection a dropped trainer's ~2 GB of
-    shards, replica and AdamW state would stay until Python's next full collection), then
-    `release_free_memory`. No effect on any result."""
-    import gc
-
-    gc.collect()
-    release_free_memory()
-
-
-def _clone_model(template: Any, blank: bool = False) -> Any:
-    """An equal, independent copy of a transformers model: constructed without weight
-    initialisation (its buffers are computed as usual), tied, then loaded from the template.
-    `blank`: skip the load (parameters uninitialised), for a caller that overwrites them all."""
-    import copy
-
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights():
-        model = type(template)(copy.deepcopy(template.config))
-    model.tie_weights()
-    if not blank:
-        model.load_state_dict(template.state_dict(), strict=True)
-    model.generation_config = copy.deepcopy(template.generation_config)
-    return model.to(template.dtype).train(template.training)
 
 
 class DeviceActor:
@@ -147,7 +99,7 @@ class DeviceActor:
             self._template = build_model(settings.model, tok.vocab_size, eos_token_id=tok.eos_id,
                                          bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
             self._template_key = key
-        model = _clone_model(self._template, blank).to(self.torch_device)
+        model = clone_model(self._template, blank).to(self.torch_device)
         drop_model_file_pages(self._template)
         return model
 

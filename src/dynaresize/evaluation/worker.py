@@ -79,7 +79,7 @@ class EvalWorker:
         weights (the call's argument) freed."""
         import torch
 
-        from dynaresize.devices.actor import release_free_memory
+        from dynaresize.devices.memory import release_free_memory
 
         if self.version is not None:
             for module in self.model.modules():
@@ -94,7 +94,7 @@ class EvalWorker:
         weights arrive as one tensor under both keys and stay tied); version 0 without
         weights rebuilds the model if it was released."""
         if state_dict is not None:
-            from dynaresize.devices.actor import release_free_memory
+            from dynaresize.devices.memory import release_free_memory
             from dynaresize.devices.weights_wire import from_wire
 
             # the parameters become read-only views of the object store's pages (no copy)
