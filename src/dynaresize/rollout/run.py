@@ -313,7 +313,7 @@ class RolloutRun(RequestMoves):
             self.tail.completed(completions)
         if self.light_s is None and \
                 self.remaining <= len(self._slots) * self.settings.light_batch:
-            self.light_s = self.clock.now()
+            self.light_s = now_s
         self._report(completions)
         if self.queue:
             self._dispatch()
