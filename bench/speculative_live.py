@@ -11,10 +11,12 @@ forward of a request, accepted drafts per verify iteration). The runs follow eac
 machine, so their seconds carry its load; `bench/speculative_vllm.py` measures the speed side by
 side, step by step. `--write-results` writes the block into docs/results.md (with
 `--full-batch N`, which overrides the example's `rollout.speculative.full_batch` in the run with
-speculation, its own block).
+speculation, or `--temperature T`, which overrides `rollout.temperature` in both runs, its own
+block).
 
     python bench/speculative_live.py --steps 3 --write-results
     python bench/speculative_live.py --full-batch 0 --write-results   # drafts at any load
+    python bench/speculative_live.py --temperature 1.0 --write-results
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -33,24 +36,38 @@ from policies import block_markers, write_block  # noqa: E402  (bench/ is not a 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench-speculative-live:start -->", "<!-- bench-speculative-live:end -->"
 CONFIG = ROOT / "examples" / "real-tail-vllm.toml"
+EXAMPLE_TEMPERATURE = float(tomllib.loads(CONFIG.read_text())["rollout"]["temperature"])
 
 
-def markers(full_batch: int | None) -> tuple[str, str]:
-    """The block of the example's budget, or of `--full-batch N`: each its own."""
-    if full_batch is None:
+def markers(full_batch: int | None, temperature: float | None = None) -> tuple[str, str]:
+    """The block of the example's settings, or of `--full-batch N` / `--temperature T`: each
+    its own."""
+    if full_batch is None and temperature is None:
         return START, END
-    return block_markers(f"bench-speculative-live-fb{full_batch}")
+    name = "bench-speculative-live"
+    if full_batch is not None:
+        name += f"-fb{full_batch}"
+    if temperature is not None:
+        name += f"-t{temperature:g}"
+    return block_markers(name)
 
 
-def train(out: Path, steps: int, speculation: bool, full_batch: int | None = None
-          ) -> dict[str, Any]:
+def train(out: Path, steps: int, speculation: bool, full_batch: int | None = None,
+          temperature: float | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "dynaresize", "train", "--config", str(CONFIG), "--out",
            str(out), "--set", f"run.steps={steps}", "--set", "output.progress='plain'",
            "--set", f"rollout.speculative.enabled={'true' if speculation else 'false'}"]
     if full_batch is not None:
         cmd += ["--set", f"rollout.speculative.full_batch={full_batch}"]
+    if temperature is not None:
+        cmd += ["--set", f"rollout.temperature={temperature}"]
     print("$", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
+    return load_run(out)
+
+
+def load_run(out: Path) -> dict[str, Any]:
+    """A finished run's metrics, records (without `device`) and summary."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     records = {}
     for line in (out / "samples.jsonl").read_text().splitlines():
@@ -95,16 +112,19 @@ def _tail_cells(tail: dict[str, float | None]) -> tuple[str, str, str]:
     return cells[0], cells[1], ratio
 
 
-def format_block(r: dict[str, Any], full_batch: int | None = None) -> str:
+def format_block(r: dict[str, Any], full_batch: int | None = None,
+                 temperature: float | None = None) -> str:
     rs, ss, ts, sp = r["rollout_s"], r["step_s"], r["rollout_tokens_per_s"], r["speculation"]
     tail_off, tail_on, tail_ratio = _tail_cells(r["tail_tokens_per_s"])
     knob = "" if full_batch is None else f" --full-batch {full_batch}"
+    knob += "" if temperature is None else f" --temperature {temperature:g}"
     budget = "" if full_batch is None else \
         f"; speculation with rollout.speculative.full_batch = {full_batch}"
+    temp = EXAMPLE_TEMPERATURE if temperature is None else temperature
     return "\n".join([
         f"`python bench/speculative_live.py --steps {r['steps']}{knob}` "
         f"(examples/real-tail-vllm.toml{budget}:"
-        f" SmolLM2-135M on vLLM, gsm_symbolic chain of thought at temperature 0.6, "
+        f" SmolLM2-135M on vLLM, gsm_symbolic chain of thought at temperature {temp:g}, "
         f"{r['samples']} samples over {r['steps']} steps, responses of median "
         f"{r['response_tokens']['median']} and up to {r['response_tokens']['max']} tokens; "
         f"the two runs one after the other on the shared 2-core machine):",
@@ -132,19 +152,26 @@ def main() -> None:
     parser.add_argument("--full-batch", type=int, default=None, metavar="N",
                         help="rollout.speculative.full_batch of the run with speculation "
                         "(default: the example's, 3; 0 drafts at any load)")
+    parser.add_argument("--temperature", type=float, default=None, metavar="T",
+                        help="rollout.temperature of both runs "
+                        f"(default: the example's, {EXAMPLE_TEMPERATURE:g})")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     if args.full_batch is not None and args.full_batch < 0:
         parser.error(f"--full-batch must be >= 0, got {args.full_batch}")
+    if args.temperature is not None and args.temperature <= 0:
+        parser.error(f"--temperature must be > 0, got {args.temperature}")
+    t = args.temperature
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
-        off = train(root / "off", args.steps, speculation=False)
-        on = train(root / "on", args.steps, speculation=True, full_batch=args.full_batch)
+        off = train(root / "off", args.steps, speculation=False, temperature=t)
+        on = train(root / "on", args.steps, speculation=True, full_batch=args.full_batch,
+                   temperature=t)
     result = compare(off, on)
-    block = format_block(result, args.full_batch)
+    block = format_block(result, args.full_batch, t)
     print(block)
     if args.write_results:
-        write_block(*markers(args.full_batch), block)
+        write_block(*markers(args.full_batch, t), block)
 
 
 if __name__ == "__main__":

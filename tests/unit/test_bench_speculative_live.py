@@ -35,6 +35,15 @@ def test_compare_and_the_blocks_name_the_budget() -> None:
                           "<!-- bench-speculative-live-fb0:end -->")
 
 
+def test_a_temperature_names_its_block_and_its_line() -> None:
+    result = compare(_run(20.0, "a"), _run(10.0, "a"))
+    assert "temperature 0.6," in format_block(result)  # the example's own
+    hot = format_block(result, None, 1.0)
+    assert "--temperature 1 " in hot and "temperature 1," in hot
+    assert markers(None, 1.0)[0] == "<!-- bench-speculative-live-t1:start -->"
+    assert markers(0, 1.0)[0] == "<!-- bench-speculative-live-fb0-t1:start -->"
+
+
 def test_the_tail_is_the_mean_of_the_steps_and_missing_without_the_metric() -> None:
     result = compare(_run(20.0, "a", tail=5.0), _run(10.0, "a", tail=8.0))
     assert result["tail_tokens_per_s"] == {"off": 10.0, "on": 16.0}

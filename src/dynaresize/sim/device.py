@@ -17,42 +17,34 @@ lengths too (looked up by the samples' keys), so stand-ins never distort the mod
 Recovery ops (`RecoveryOps`): checkpoint save and load charge the rank's share of the training
 state through the disk bandwidth, a world rebuild a fixed plus a per-rank cost
 (`CostModel.recovery`). A device can die (`sim.faults`): its calls then fail as a dead Ray
-actor's do. Each device tracks how many optimizer steps its training state holds and refuses
-an op on the wrong state (a train step of step k on a state that is not after k steps), so a
-recovery or resize that loses or double-applies an update fails loudly instead of passing.
+actor's do. Each device's training state (`sim.rank.SimRank`) tracks how many optimizer steps
+it holds and refuses an op on the wrong state (a train step of step k on a state that is not
+after k steps), so a recovery or resize that loses or double-applies an update fails loudly
+instead of passing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 from dynaresize.protocols import Clock, WeightHandle
 from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
-from dynaresize.sim.device_types import Lengths, SimCompletion, SimInflight, sorted_members
+from dynaresize.sim.device_types import (
+    Lengths,
+    RolloutRecorder,
+    SimCompletion,
+    SimInflight,
+    reshard_plan,
+)
 from dynaresize.sim.engine_spec import make_engine
 from dynaresize.sim.faults import DeviceDied, SimProcesses, SimStorage, fail_waits
+from dynaresize.sim.rank import SimRank
 from dynaresize.sim.workloads import Workload
 
-__all__ = ["Lengths", "SimCompletion", "SimDevice", "SimInflight", "make_devices"]
-
-
-_PLANS: dict[tuple[int, int, int, int], tuple[Any, Any, CostModel,
-                                               tuple[float, dict[int, float]]]] = {}
-"""Reshard plans by (cost model, old members, new members, staging) object identity."""
-
-
-class RolloutRecorder(Protocol):
-    """A hook that sees every request a `SimDevice` is given and every completion it hands
-    back, in virtual time (e.g. bench/gap.py's per-request timings)."""
-
-    def submitted(self, device: int, requests: Sequence[RequestSpec | InflightRequest],
-                  now_s: float) -> None: ...
-
-    def finished(self, device: int, completions: Sequence[Completion], now_s: float,
-                 until_empty: bool) -> None: ...
+__all__ = ["Lengths", "RolloutRecorder", "SimCompletion", "SimDevice", "SimInflight",
+           "make_devices"]
 
 
 class SimDevice:
@@ -73,25 +65,16 @@ class SimDevice:
         """`clock.sleep` (VirtualClock: its frame-less `after`)."""
         self.version = 0
         self.engine = make_engine(index, costs, self._lengths, clock)
-        self._groups: set[frozenset[int]] = set()
-        """Member sets this device has a communicator for (frozensets cache their hash)."""
-        self._members: tuple[int, ...] = ()
-        self._next_members: tuple[int, ...] = ()
+        self.rank = SimRank(index)
+        """Its training state: group, optimizer steps, held gradients."""
         self.busy_s = 0.0
         """Virtual seconds this device spent charged with work (for utilisation checks)."""
         self.storage = storage if storage is not None else SimStorage()
-        self.train_steps: int | None = None
-        """Optimizer steps the training state of this rank holds (None: not a trainer)."""
-        self._next_steps: int | None = None
         self.alive = True
         self._death: BaseException = DeviceDied(f"simulated device {index} died")
         """What its calls raise once it is dead (`die`)."""
         self._waits: set[Any] = set()
         """Pending virtual-time waits of this device's ops: a kill fails them."""
-        self._held_step: int | None = None
-        """The step whose streamed gradients this rank holds (`train_accumulate`)."""
-        self._dropped_step: int | None = None
-        """A step whose held gradients a world rebuild dropped (its finish fails, as live)."""
         self._collective_waits: set[Any] = set()
         """Those of collective ops: a peer's death fails them too (`sim.faults`)."""
         self.has_engine = role is not Role.TRAIN
@@ -101,7 +84,12 @@ class SimDevice:
     @property
     def train_members(self) -> tuple[int, ...]:
         """The training group this device is a rank of (sorted; empty if none)."""
-        return self._members
+        return self.rank.members
+
+    @property
+    def train_steps(self) -> int | None:
+        """Optimizer steps the training state of this rank holds (None: not a trainer)."""
+        return self.rank.steps
 
     def die(self, exc: BaseException) -> None:
         """The process is gone: pending and later calls raise `exc` (`SimProcesses.kill`)."""
@@ -116,12 +104,6 @@ class SimDevice:
     def _check_alive(self) -> None:
         if not self.alive:
             raise self._death
-
-    def _expect(self, num_steps: int, op: str) -> None:
-        if self.train_steps != num_steps:
-            raise RuntimeError(f"simulated device {self.index}: {op} needs the training state "
-                               f"after {num_steps} optimizer steps; this rank holds "
-                               f"{self.train_steps} (an update was lost or applied twice)")
 
     async def _spend(self, seconds: float, collective: bool = False) -> None:
         if not self.alive:
@@ -202,9 +184,7 @@ class SimDevice:
     async def join_group(self, members: tuple[int, ...]) -> bool:
         """Communicator cache keyed by the member set: `join_group_first_s` the first time
         this device sees `members`, `join_group_cached_s` after. True if created."""
-        member_set = sorted_members(members)[1]
-        created = member_set not in self._groups
-        self._groups.add(member_set)
+        created = self.rank.cache_group(members)
         r = self.costs.resize
         await self._spend(r.join_group_first_s if created else r.join_group_cached_s)
         return created
@@ -215,40 +195,22 @@ class SimDevice:
         """The whole collective's time under the bounded-staging model
         (`CostModel.reshard_plan_s`): every member waits for the busiest one. Returns this
         device's `bytes_sent`."""
-        key = (id(self.costs), id(old_members), id(new_members), staging_bytes)
-        got = _PLANS.get(key)
-        if got is None or got[0] is not old_members or got[1] is not new_members \
-                or got[2] is not self.costs or type(old_members) is not tuple \
-                or type(new_members) is not tuple:
-            if len(_PLANS) >= 64:
-                _PLANS.clear()
-            got = _PLANS[key] = (old_members, new_members, self.costs, self.costs.reshard_plan_s(
-                tuple(old_members), tuple(new_members), staging_bytes))
-        wall_s, sent = got[3]  # the same plan for every member: computed once per resize
-        key, member_set = sorted_members(new_members)
-        if self.train_steps is not None and self._members:
-            self._expect(optimizer_step, "reshard")  # an old member sends this state
-        self._next_members = key if self.index in member_set else ()
-        self._next_steps = optimizer_step if self._next_members else None
+        # the same plan for every member: computed once per resize
+        wall_s, sent = reshard_plan(self.costs, old_members, new_members, staging_bytes)
+        self.rank.prepare(new_members, optimizer_step)
         await self._spend(wall_s, collective=True)
         return {"bytes_sent": float(sent.get(self.index, 0.0))}
 
     async def commit_train_group(self, new_members: tuple[int, ...]) -> None:
         """Switch to the prepared group (members) or stop training (others): `commit_s`."""
-        key, member_set = sorted_members(new_members)
-        if self.index in member_set:
-            self._members, self.role = key, Role.TRAIN
-            if self._next_steps is not None:
-                self.train_steps = self._next_steps
-        else:
-            self._members, self.train_steps = (), None
-        self._next_members, self._next_steps = (), None
+        if self.rank.commit(new_members):
+            self.role = Role.TRAIN
         await self._spend(self.costs.resize.commit_s, collective=True)
 
     async def abort_reshard(self) -> None:
         """Discard the prepared layout; the old one stays in charge (free)."""
         self._check_alive()
-        self._next_members, self._next_steps = (), None
+        self.rank.abort()
 
     async def drop_trainer(self) -> None:
         """Free a former trainer's state (deferrable): `release_weights_s`."""
@@ -257,18 +219,14 @@ class SimDevice:
     # ------------------------------------------------------------------ train role
     async def join_train_group(self, members: tuple[int, ...], generation: int) -> None:
         self._check_alive()
-        key, member_set = sorted_members(members)
-        if self.index not in member_set:
+        member, cached = self.rank.join(members)
+        if not member:
             if self.role == Role.TRAIN:
                 self.role = Role.IDLE
             return
         r = self.costs.resize
-        cost_s = r.join_group_cached_s if member_set in self._groups else r.join_group_first_s
-        self._groups.add(member_set)
-        self._members = key
+        cost_s = r.join_group_cached_s if cached else r.join_group_first_s
         self.role = Role.TRAIN
-        if self.train_steps is None:
-            self.train_steps = 0  # the version-0 model with fresh AdamW state
         await self._spend(cost_s, collective=True)
 
     def _sample_tokens(self, s: TrainSample) -> int:
@@ -278,45 +236,39 @@ class SimDevice:
     def train_step_s(self, micro_batches: list[list[TrainSample] | None]) -> tuple[float, int]:
         """(seconds, tokens) `train_step` charges for these micro-batches."""
         num_tokens = sum(self._sample_tokens(s) for mb in micro_batches if mb for s in mb)
-        num_ranks = max(1, len(self._members))
+        num_ranks = max(1, len(self.rank.members))
         return self.costs.train_step_overhead_s + num_tokens * self.costs.train_token_s() \
             / self.costs.dp_efficiency(num_ranks), num_tokens
 
     async def train_step(self, step: int, micro_batches: list[list[TrainSample] | None],
                          global_num_tokens: int) -> dict[str, float]:
-        self._expect(step, "train_step")
-        if self._held_step is not None:  # as the live trainer (`FSDPTrainer._check_rounds`)
-            raise ValueError(f"simulated device {self.index}: train_step of step {step} while "
-                             f"gradients of step {self._held_step} are held")
+        self.rank.start_step(step)
         seconds, num_tokens = self.train_step_s(micro_batches)
         await self._spend(seconds, collective=True)
-        self.train_steps = step + 1
+        self.rank.stepped(step)
         return {"loss": 0.0, "num_tokens": float(num_tokens)}
 
     async def train_accumulate(self, step: int,
                                micro_batches: list[tuple[int, list[TrainSample]]]) -> None:
-        self._held_step = step
+        self.rank.hold(step)
         num_tokens = sum(self._sample_tokens(s) for _, mb in micro_batches for s in mb)
-        num_ranks = max(1, len(self._members))
+        num_ranks = max(1, len(self.rank.members))
         await self._spend(num_tokens * self.costs.train_token_s()
                           / self.costs.dp_efficiency(num_ranks))
 
     async def train_finish(self, step: int, num_micro_batches: int,
                            global_num_tokens: int) -> dict[str, float]:
-        self._expect(step, "train_finish")
-        if self._dropped_step == step:  # as the live trainer's combine: held by no rank
-            raise ValueError(f"simulated device {self.index}: finish of step {step}: its "
-                             "held gradients were dropped by a world rebuild")
-        self._held_step = None
+        self.rank.start_finish(step)
         await self._spend(self.costs.train_step_overhead_s, collective=True)
-        self.train_steps = step + 1
+        self.rank.stepped(step)
         return {"loss": 0.0}
 
     async def publish_weights(self, version: int) -> WeightHandle | None:
-        self._expect(version, "publish_weights")
+        self.rank.expect(version, "publish_weights")
         await self._spend(self.costs.weight_sync_latency_s, collective=True)
         self.version = version
-        first = not self._members or self.index == self._members[0]  # sorted
+        members = self.rank.members
+        first = not members or self.index == members[0]  # sorted
         return version if first else None
 
     async def param_checksum(self) -> tuple[float, str]:
@@ -329,7 +281,7 @@ class SimDevice:
         if self.train_steps is None:
             raise RuntimeError(f"simulated device {self.index}: save_checkpoint on no trainer")
         rc = self.costs.recovery
-        seconds = rc.save_s(self.costs.model, len(self._members))
+        seconds = rc.save_s(self.costs.model, len(self.rank.members))
         await self._spend(seconds, collective=True)
         self.storage.save(path, self.train_steps)
         return {"save_s": seconds, "checkpoint_bytes": rc.checkpoint_bytes(self.costs.model)}
@@ -338,9 +290,9 @@ class SimDevice:
         """The saved state into this group's sharding: `CostModel.recovery.load_s`."""
         self._check_alive()
         self.storage.load(path, optimizer_step)
-        seconds = self.costs.recovery.load_s(self.costs.model, len(self._members))
+        seconds = self.costs.recovery.load_s(self.costs.model, len(self.rank.members))
         await self._spend(seconds, collective=True)
-        self.train_steps = optimizer_step
+        self.rank.restored(optimizer_step)
         return {"load_s": seconds}
 
     async def rebuild_world(self, store: int | str, ranks: dict[int, int],
@@ -348,19 +300,10 @@ class SimDevice:
                             keep_train_state: bool) -> None:
         """A new world over the survivors (`CostModel.recovery.rebuild_world_s`) and a new
         training group (`join_group_first_s`; every cached communicator is gone)."""
-        key, member_set = sorted_members(tuple(train_members))
         seconds = self.costs.recovery.rebuild_world_s(len(ranks))
         await self._spend(seconds + self.costs.resize.join_group_first_s, collective=True)
-        self._groups = {member_set}
-        self._next_members, self._next_steps = (), None
-        self._dropped_step, self._held_step = self._held_step, None  # a new trainer
-        if self.index not in member_set:
-            self._members, self.train_steps = (), None
-            return
-        if keep_train_state:
-            self._expect(optimizer_step, "rebuild_world(keep_train_state)")
-        self._members, self.role = key, Role.TRAIN
-        self.train_steps = optimizer_step if keep_train_state else 0
+        if self.rank.rebuild(train_members, optimizer_step, keep_train_state):
+            self.role = Role.TRAIN
 
 
 def make_devices(num_devices: int, num_rollout: int, costs: CostModel, workload: Workload,

@@ -1,14 +1,29 @@
 """The pieces of `SimDevice` that are plain data: simulated completions and exported
-requests, the engine's request record, the workload-lengths table a run's devices share, and
-the member-tuple cache (see `sim.device`)."""
+requests, the engine's request record, the workload-lengths table a run's devices share, the
+member-tuple and reshard-plan caches, and the recording hook's protocol (see `sim.device`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.sim.workloads import Workload
+
+if TYPE_CHECKING:
+    from dynaresize.sim.costs import CostModel
+
+
+class RolloutRecorder(Protocol):
+    """A hook that sees every request a `SimDevice` is given and every completion it hands
+    back, in virtual time (e.g. bench/gap.py's per-request timings)."""
+
+    def submitted(self, device: int, requests: Sequence[RequestSpec | InflightRequest],
+                  now_s: float) -> None: ...
+
+    def finished(self, device: int, completions: Sequence[Completion], now_s: float,
+                 until_empty: bool) -> None: ...
 
 
 @dataclass
@@ -65,6 +80,26 @@ def sorted_members(members: Any) -> tuple[tuple[int, ...], frozenset[int]]:
             _MEMBER_SETS.clear()
         got = _MEMBER_SETS[id(members)] = (members, tuple(sorted(members)), frozenset(members))
     return got[1], got[2]
+
+
+_PLANS: dict[tuple[int, int, int, int], tuple[Any, Any, Any, tuple[float, dict[int, float]]]] = {}
+"""Reshard plans by (cost model, old members, new members, staging) object identity."""
+
+
+def reshard_plan(costs: CostModel, old_members: tuple[int, ...], new_members: tuple[int, ...],
+                 staging_bytes: int) -> tuple[float, dict[int, float]]:
+    """`CostModel.reshard_plan_s` of a resize, computed once for all its members (each is
+    handed the same member tuples; only tuples are cached)."""
+    key = (id(costs), id(old_members), id(new_members), staging_bytes)
+    got = _PLANS.get(key)
+    if got is None or got[0] is not old_members or got[1] is not new_members \
+            or got[2] is not costs or type(old_members) is not tuple \
+            or type(new_members) is not tuple:
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        got = _PLANS[key] = (old_members, new_members, costs, costs.reshard_plan_s(
+            tuple(old_members), tuple(new_members), staging_bytes))
+    return got[3]
 
 
 class Lengths:
