@@ -39,7 +39,7 @@ def test_a_temperature_names_its_block_and_its_line() -> None:
     result = compare(_run(20.0, "a"), _run(10.0, "a"))
     assert "temperature 0.6," in format_block(result)  # the example's own
     hot = format_block(result, None, 1.0)
-    assert "--temperature 1 " in hot and "temperature 1," in hot
+    assert "--temperature 1`" in hot and "temperature 1," in hot
     assert markers(None, 1.0)[0] == "<!-- bench-speculative-live-t1:start -->"
     assert markers(0, 1.0)[0] == "<!-- bench-speculative-live-fb0-t1:start -->"
 
