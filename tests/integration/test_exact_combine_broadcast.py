@@ -6,7 +6,6 @@ ranks, and no held gradient outlives it."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from gloo_jobs import end_rank, file_store, init_gloo, run_jobs
@@ -24,19 +23,16 @@ def grads() -> dict[int, torch.Tensor]:
 def worker(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
-    from dynaresize.train import exact
+    from dynaresize.train import combine
 
     init_gloo(rank, 2, store)
-    exact.BROADCAST_CHUNK = 1234  # several pieces, the last a short one
-    exact.COMBINE_BUDGET_BYTES = 4 * NUM_PARAMS  # one row per block, as for a 135M model
+    combine.BROADCAST_CHUNK = 1234  # several pieces, the last a short one
+    combine.COMBINE_BUDGET_BYTES = 4 * NUM_PARAMS  # one row per block, as for a 135M model
     results = []
     for holders in (HOLDER, None):  # broadcast, then the all-reduce path
         mine = {m: g for m, g in grads().items() if HOLDER[m] == rank}
-        reducer = SimpleNamespace(held=SimpleNamespace(grads=mine), num_params=NUM_PARAMS,
-                                  device=torch.device("cpu"), group=dist.group.WORLD)
-        reducer._add_broadcast = lambda t, r, h, z=reducer: (  # noqa: SLF001
-            exact.ExactReducer._add_broadcast(z, t, r, h))  # noqa: SLF001
-        results.append(exact.ExactReducer._combine_grads(reducer, ROWS, holders))  # noqa: SLF001
+        results.append(combine.sum_rows(ROWS, mine, NUM_PARAMS, dist.group.WORLD,
+                                        torch.device("cpu"), holders))
         assert mine == {}
     torch.save(results, Path(out) / f"rank{rank}.pt")
     end_rank()

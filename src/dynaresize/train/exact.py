@@ -34,8 +34,8 @@ each, until the step's combine; a fold, however many micro-batches it holds, is 
 single training rank holds one gradient whatever the number of micro-batches, when they
 come in order). The combine consumes them: a one-row block all-reduces the
 held row itself and the first row becomes the [P] sum, which the grads are views of; blocks of
-several rows (small models) take a buffer of at most `COMBINE_BUDGET_BYTES`. Meant for small
-models (CPU).
+several rows (small models) take a buffer of at most `COMBINE_BUDGET_BYTES` (`train.combine`).
+Meant for small models (CPU).
 """
 
 from __future__ import annotations
@@ -51,16 +51,9 @@ from torch.distributed.tensor import DTensor
 
 from dynaresize.resize.reshard import shard_rows
 from dynaresize.train.batching import MicroBatch
+from dynaresize.train.combine import check_holdings, sum_rows
 from dynaresize.train.forward import NUM_STATS, LossSpec, micro_batch_loss
 from dynaresize.train.held import HeldGradients, ordered_sum
-
-COMBINE_BUDGET_BYTES = 256 * 2**20
-"""The combine all-reduces the held gradients in blocks of rows of at most this many bytes
-(one row at least): the buffer was [M, P] fp32, M micro-batches, 8.6 GB for 16 micro-batches of
-SmolLM2-135M on every training rank; now one [P] row (540 MB) for it."""
-
-BROADCAST_CHUNK = 16 * 2**20
-"""Elements per broadcast when a one-row block is added to the sum (64 MiB of fp32)."""
 
 
 class ExactReducer:
@@ -229,7 +222,7 @@ class ExactReducer:
         dist.all_reduce(flags, group=self.group)
         counts = flags.tolist()
         gaps_ok = num_tokens is not None and counts[m_count + 3] == num_tokens
-        self._check(counts, step, m_count, gaps_ok)
+        check_holdings(counts, step, m_count, gaps_ok)
         rows = [m for m in range(m_count) if counts[m]]
         row_of = {m: i for i, m in enumerate(rows)}
         stats = torch.zeros(len(rows), NUM_STATS, dtype=torch.float64, device=self.device)
@@ -242,90 +235,9 @@ class ExactReducer:
         holders = {m: counts[m_count + 4 + m] - 1 for m in rows}
         folded = counts[2 * m_count + 4]  # rows 1 .. folded - 1 are inside row 0 already
         summed = [m for m in rows if m == 0 or m >= folded]
-        return self._combine_grads(summed, holders), total_stats
-
-    def _combine_grads(self, rows: list[int],
-                       holders: dict[int, int] | None = None) -> torch.Tensor:
-        """g_rows[0] + g_rows[1] + ... in index order, all-reduced in blocks of at most
-        `COMBINE_BUDGET_BYTES` (one row at least): the same adds in the same order as one
-        [M, P] buffer (bitwise), in a bounded buffer whatever the number of micro-batches.
-        Consumes the holdings: a held row is taken out of them as it is added, so the held
-        gradients are not copied and their memory goes as the sum proceeds. A one-row block
-        (a model above the budget) is broadcast from its holder (`holders`: row -> group
-        rank) instead: an all-reduce of it adds only zeros to the holder's value, so the
-        bits are the same, without a [P] buffer of zeros on every other rank; the first row
-        becomes the sum, the next ones are added to it in `BROADCAST_CHUNK` pieces."""
-        block = max(1, COMBINE_BUDGET_BYTES // (4 * self.num_params))
-        held = self.held.grads if self.held is not None else {}
-        total: torch.Tensor | None = None
-        for start in range(0, len(rows), block):
-            part = rows[start:start + block]
-            if len(part) == 1 and holders is not None:
-                total = self._add_broadcast(total, held.pop(part[0], None), holders[part[0]])
-                continue
-            if len(part) == 1:  # the row itself is the buffer: x + 0 + ... + 0 == x
-                grads = held.pop(part[0], None)
-                if grads is None:
-                    grads = torch.zeros(self.num_params, dtype=torch.float32,
-                                        device=self.device)
-                grads = grads.unsqueeze(0)
-            else:
-                grads = torch.zeros(len(part), self.num_params, dtype=torch.float32,
-                                    device=self.device)
-                for i, m in enumerate(part):
-                    if m in held:
-                        grads[i] = held.pop(m)
-            dist.all_reduce(grads, group=self.group)  # one non-zero addend per element
-            for row in grads:
-                if total is None:
-                    total = row.clone() if len(part) > 1 else row
-                else:
-                    total += row
-            del grads, row  # a buffer goes before the next one is made
-        assert total is not None
-        return total
-
-    def _add_broadcast(self, total: torch.Tensor | None, row: torch.Tensor | None,
-                       holder: int) -> torch.Tensor:
-        """`total` + the row group rank `holder` holds (`row` there, None elsewhere), on every
-        rank; the row itself (holder) or a received copy when `total` is None."""
-        if total is None:
-            if row is None:
-                row = torch.empty(self.num_params, dtype=torch.float32, device=self.device)
-            dist.broadcast(row, group=self.group, group_src=holder)
-            return row
-        buf = None if row is not None else torch.empty(
-            min(BROADCAST_CHUNK, self.num_params), dtype=torch.float32, device=self.device)
-        for a in range(0, self.num_params, BROADCAST_CHUNK):
-            b = min(a + BROADCAST_CHUNK, self.num_params)
-            piece = row[a:b] if row is not None else buf[:b - a]  # type: ignore[index]
-            dist.broadcast(piece, group=self.group, group_src=holder)
-            total[a:b] += piece
-        return total
-
-    @staticmethod
-    def _check(flags: list[int], step: int, m_count: int, gaps_ok: bool = False) -> None:
-        counts = flags[:m_count]
-        missing = [] if gaps_ok else [m for m, c in enumerate(counts) if c == 0]
-        twice = {m: c for m, c in enumerate(counts) if c > 1}
-        problems = []
-        if missing:
-            problems.append(f"micro-batch(es) {missing[:10]} held by no rank")
-        if twice:
-            problems.append("micro-batch(es) held by several ranks (index: ranks) "
-                            f"{dict(list(twice.items())[:10])}")
-        if flags[m_count]:
-            problems.append(f"{flags[m_count]} held index(es) >= num_micro_batches = {m_count}")
-        if flags[m_count + 1]:
-            problems.append(f"{flags[m_count + 1]} rank(s) hold gradients of another step")
-        if flags[m_count + 2]:
-            problems.append(f"{flags[m_count + 2]} rank(s) hold gradients taken at other "
-                            "parameters (another optimizer step)")
-        if not any(counts):
-            problems.append("no micro-batch is held")
-        if problems:
-            raise ValueError(f"finish of step {step}: " + "; ".join(problems)
-                             + " (holdings are left as they were)")
+        held_grads = held.grads if held is not None else {}
+        return sum_rows(summed, held_grads, self.num_params, self.group, self.device,
+                        holders), total_stats
 
     def write_grads(self, grad: torch.Tensor) -> None:
         """Local: each sharded parameter's grad = this rank's dim-0 rows of the full `grad`, as
