@@ -3,10 +3,7 @@
 Arguments are checked before anything heavy runs; bad input raises `UsageError` /
 `ConfigError`, which `dynaresize.cli.main` turns into exit code 2 with the message.
 
-Faults: `simulate --config FILE.toml` takes the file's `[faults]` table (`[[faults.kill]]`
-entries, as `dynaresize train` does) and `run.checkpoint_every`; `--set KEY=VALUE` sets those
-keys (e.g. `--set "faults.kill=[{device=900, step=1, at='train'}]"`). Other sections of the file
-are ignored (the flags describe the twin's run), other `--set` keys refused.
+Faults and speculation from a config file or `--set`: `sim.cli_config`.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dynaresize.cli import UsageError
+from dynaresize.sim.cli_config import check_run_dir, twin_faults, twin_speculation
 
 TABLE_COLUMNS = (("policy", "policy", "{}"), ("split", "split R/T", "{}"),
                  ("mean_step_s", "mean step s", "{:.2f}"), ("p99_step_s", "p99 step s", "{:.2f}"),
@@ -87,91 +85,6 @@ def _policies(text: str | None) -> tuple[str, ...] | None:
     if not names:
         raise UsageError(f"--policy {text!r}: give a comma-separated list of policies")
     return names
-
-
-TWIN_KEYS = {"faults": ("kill", "timeout_s"), "run": ("checkpoint_every",)}
-"""The config keys `simulate --config/--set` takes (the flags describe the rest of the run)."""
-
-
-def twin_faults(path: str | None, sets: list[str], gpus: int, steps: int) -> Any:
-    """`TwinFaults` from `--config` and `--set` (None if there are none), checked against
-    `gpus` devices and `steps` steps: a bad entry raises `ConfigError` naming its field."""
-    import tomllib
-
-    from dynaresize.config import config_from_dict, parse_override
-    from dynaresize.config.schema import ConfigError
-    from dynaresize.sim.harness import TwinFaults
-
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("--config", path, f"cannot read it ({exc})") from None
-        try:
-            whole = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("--config", path, f"not valid TOML ({exc})") from None
-        for sec, keys in TWIN_KEYS.items():
-            table = whole.get(sec, {})
-            if not isinstance(table, dict):
-                raise ConfigError(sec, table, "must be a table of keys", path)
-            data[sec] = {k: v for k, v in table.items() if k in keys or sec == "faults"}
-    for text in sets:
-        key, value = parse_override(text)
-        sec, name = key.split(".")
-        if sec == "sim":
-            continue  # `twin_speculation`
-        if name not in TWIN_KEYS.get(sec, ()):
-            allowed = ", ".join(f"{s}.{k}" for s, ks in TWIN_KEYS.items() for k in ks)
-            raise ConfigError("--set", text, f"simulate takes {allowed} (flags set the rest)")
-        data.setdefault(sec, {})[name] = value
-    if not any(data.values()):
-        return None
-    data["run"] = {**data.get("run", {}), "steps": steps}
-    data["allocation"] = {"num_rollout_devices": 1, "num_train_devices": gpus - 1}
-    cfg = config_from_dict(data)  # the same parsing and checks as `dynaresize train`
-    return TwinFaults(tuple(cfg.faults.kill), cfg.run.checkpoint_every) or None
-
-
-def check_run_dir(run_dir: str, what: str) -> None:
-    """A live run directory to read (`--from-run DIR`, `calibrate DIR`): it and its
-    config.toml must exist; UsageError names the directory."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise UsageError(f"{what} {run_dir}: not a directory (give a `dynaresize train --out` "
-                         "run directory)")
-    if not (path / "config.toml").is_file():
-        raise UsageError(f"{what} {run_dir}: no config.toml in that run directory (a "
-                         "`dynaresize train --out DIR` run directory has one)")
-
-
-def twin_speculation(flag: str | None, path: str | None, sets: list[str]) -> str | None:
-    """The speculation switch: `--speculation`, else `--set sim.speculation=...`, else the
-    `--config` file's `[sim] speculation` (default: off)."""
-    import tomllib
-
-    from dynaresize.config import parse_override
-    from dynaresize.config.schema import ConfigError
-
-    if flag is not None:
-        return flag
-    value: Any = None
-    if path is not None:
-        try:
-            table = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("sim", {})
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-            table = {}  # twin_faults names the problem
-        value = table.get("speculation") if isinstance(table, dict) else None
-    for text in sets:
-        key, got = parse_override(text)
-        if key.startswith("sim."):
-            if key != "sim.speculation":
-                raise ConfigError("--set", text, "the twin's own key is sim.speculation")
-            value = got
-    if value is not None and not isinstance(value, str):
-        raise ConfigError("sim.speculation", value, "off, das or a JSON histogram file")
-    return value
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
