@@ -327,7 +327,8 @@ def _pool(run: _Run, served_version: int) -> EnginePool:
     pool = EnginePool(state, SimpleNamespace(now=lambda: 0.0),  # type: ignore[arg-type]
                       SimpleNamespace(event=lambda *args, **kwargs: None), background)
     pool.start_run(run)  # type: ignore[arg-type]
-    pool.engine_version = {0: run.version, 1: -1}
+    pool.versions.serves(0, run.version)
+    pool.versions.gone(1)
     pool._served_version = served_version
     return pool
 
@@ -347,7 +348,7 @@ def test_device_joining_mid_resize_serves_the_running_steps_version(served_versi
         device.loaded = served_version               # what the resize loaded on it
         pool.start_serving(device)
         await pool.settle()                          # the device is on its way, if at all
-        return run.joined, pool.engine_version[1]
+        return run.joined, pool.versions.of(1)
 
     joined, engine_version = asyncio.run(scenario())
     assert joined == [(1, 5)] and engine_version == 5

@@ -15,11 +15,11 @@ device not in transit is in the newest run or held by a tail.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from dynaresize.core.rundir import RunDir
 from dynaresize.orchestrator.background import Background
+from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.rollout.run import RolloutRun
@@ -32,12 +32,13 @@ RESCUE_WAIT_S = 600.0
 
 class EnginePool:
     def __init__(self, state: RunState, clock: Clock, rundir: RunDir,
-                 background: Background) -> None:
+                 background: Background, versions: EngineVersions | None = None) -> None:
         self.state = state
         self.clock = clock
-        self.rundir = rundir
         self.background = background
-        self.engine_version = {d.index: 0 for d in state.devices}
+        self.versions = versions if versions is not None else \
+            EngineVersions((d.index for d in state.devices), clock, rundir)
+        """Which version each engine serves; loads weights (`load_version`)."""
         self.run: RolloutRun | None = None
         """The newest step's rollout (what controllers see and resizes act on)."""
         self.tails: list[RolloutRun] = []
@@ -57,7 +58,6 @@ class EnginePool:
         self._served_version = 0
         self._stopped_in: dict[int, RolloutRun] = {}
         """Devices a resize stopped -> the run that held them (their requests go back there)."""
-        self._lost_handler: Callable[[Device, BaseException], bool] | None = None
 
     # ------------------------------------------------------------------ the pool
     def rollout_devices(self) -> list[Device]:
@@ -117,11 +117,7 @@ class EnginePool:
         the run hands off once the next step starts and its engines take the rest.
         Why the cap and not `max_running`: engines the tails free after the hand-off go to
         later steps, so a run that moved on with a few engines kept its whole step on them,
-        up to `max_running` each, though training needs it first; on small steps over many
-        engines the rest of the pool emptied within a second (bench/unseen.py, seed 2026,
-        run 13: tailless 128 x 4 requests on 26 of 96 GPUs, s = 2: step 1 moved on with 4
-        engines at 128 requests each and rolled out in 15.1 s against 2.1 s; `fixed`
-        94.9 samples/s against `static`'s 150.8 at the same split, 149.5 with the cap)."""
+        though training needs it first (measured: docs/results.md, "Where the time went")."""
         while not run.drained.is_set() and not self._has_all_it_can(run):
             self._moved.clear()
             waits = [asyncio.ensure_future(self._moved.wait()),
@@ -197,7 +193,7 @@ class EnginePool:
                 run = self._destination()
                 if run is None or run.finished.is_set() or device.index in self.leaving:
                     return
-                if self.engine_version[device.index] != run.version:
+                if self.versions.of(device.index) != run.version:
                     await self.load_version(run.version, self.state.versions.get(run.version),
                                             [device])
                 if self._destination() is run and not run.finished.is_set() \
@@ -243,24 +239,8 @@ class EnginePool:
 
     async def load_version(self, version: int, handle: WeightHandle,
                            engines: list[Device]) -> None:
-        stale = [d for d in engines if self.engine_version[d.index] != version]
-        if not stale:
-            return
-        t0 = self.clock.now()
-        if len(stale) == 1:  # an engine joining from the previous tail (the common case)
-            got: list[Any] = [await self._load_or_lose(stale[0], version, handle)]
-        else:
-            got = await asyncio.gather(*(self._load_or_lose(d, version, handle)
-                                         for d in stale))
-        t1 = self.clock.now()
-        for d in [d for d, ok in zip(stale, got, strict=True) if ok]:
-            self.engine_version[d.index] = version
-            self.rundir.event(t0, t1, d.index, "load_weights", critical=True, version=version)
-
-    def on_engine_lost(self, handler: Callable[[Device, BaseException], bool]) -> None:
-        """`handler(device, exc)`: whether a failed engine op was its death (recovery fences
-        it; True) or an error (False: it propagates). Default: every error propagates."""
-        self._lost_handler = handler
+        """Load `version` on the engines of `engines` that do not serve it yet."""
+        await self.versions.load(version, handle, engines)
 
     def drop_lost(self, device: Device, exc: BaseException) -> None:
         """A dead rollout device (fenced by recovery) leaves every run still holding it; its
@@ -269,17 +249,6 @@ class EnginePool:
         for run in (self.run, *self.tails):
             if run is not None:
                 run.drop_lost(device, exc)
-
-    async def _load_or_lose(self, device: Device, version: int, handle: WeightHandle) -> bool:
-        """Load `version` on `device`; False if the device died meanwhile (fenced by the
-        handler; a run it joins anyway reruns its requests elsewhere, as for any death)."""
-        try:
-            await device.load_weights(version, handle)
-        except Exception as exc:
-            if self._lost_handler is None or not self._lost_handler(device, exc):
-                raise
-            return False
-        return True
 
     # ------------------------------------------------------------------ resize hooks
     def movable_to_train(self, num: int) -> tuple[int, ...] | None:
@@ -337,7 +306,7 @@ class EnginePool:
         rollouts: the next step's run may start while a resize loads weights), the device
         first loads that version (`join_newest`), as an engine leaving a tail does."""
         self.leaving.discard(device.index)
-        self.engine_version[device.index] = self._served_version
+        self.versions.serves(device.index, self._served_version)
         if device.index not in self.state.allocation.rollout:
             self.serving_early.add(device.index)
         run = self.run
@@ -366,7 +335,7 @@ class EnginePool:
         """Device `index` holds no engine (a trainer reassigned to the rollout pool, or an
         engine released): whichever run it joins loads weights first (`load_weights` builds
         the engine), never submitting to it before."""
-        self.engine_version[index] = -1
+        self.versions.gone(index)
 
     def forget_moved(self, to_rollout: tuple[int, ...], to_train: tuple[int, ...] = ()) -> None:
         """A resize ended (committed or rolled back): its devices are in their pools."""

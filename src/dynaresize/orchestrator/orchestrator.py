@@ -63,6 +63,7 @@ from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, CheckpointTarget, NullCheckpointer
 from dynaresize.orchestrator.checkpoint_files import CheckpointState
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts, TrainSettings
 from dynaresize.orchestrator.plain_step import PlainStep
@@ -115,7 +116,9 @@ class Orchestrator:
         self.board = board = StepBoard()
         self.boundary = boundary = OptimizerBoundary(board.changed)
         self.background = Background()
-        self.engines = engines = EnginePool(state, clock, rundir, self.background)
+        engine_versions = EngineVersions((d.index for d in state.devices), clock, rundir)
+        self.engines = engines = EnginePool(state, clock, rundir, self.background,
+                                            engine_versions)
         self.executor = ResizeExecutor(state.devices, clock, rundir, engines,
                                        cfg.resize.staging_bytes, fail=fail_op)
         stepper = PlainStep(cfg.train.micro_batch_size, clock, injector,
@@ -126,7 +129,7 @@ class Orchestrator:
                      reassign=lambda index, role: self.resizer.reassign(index, role),
                      repair_soon=lambda: self.resizer.repair_soon())
         if isinstance(self.recovery, Recovery):  # an engine dying as it loads weights
-            engines.on_engine_lost(self.recovery.on_rollout_lost)
+            engine_versions.on_lost(self.recovery.on_rollout_lost)
         self.checkpointer: Checkpointer | NullCheckpointer = NullCheckpointer() \
             if checkpoints is None else Checkpointer(checkpoints, cfg, state, clock, rundir)
         controller = controller or make_controller(cfg)
