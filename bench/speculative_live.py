@@ -36,7 +36,8 @@ from policies import block_markers, write_block  # noqa: E402  (bench/ is not a 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench-speculative-live:start -->", "<!-- bench-speculative-live:end -->"
 CONFIG = ROOT / "examples" / "real-tail-vllm.toml"
-EXAMPLE_TEMPERATURE = float(tomllib.loads(CONFIG.read_text())["rollout"]["temperature"])
+EXAMPLE_TEMPERATURE = float(tomllib.loads(CONFIG.read_text(encoding="utf-8"))["rollout"]
+                            ["temperature"])
 
 
 def markers(full_batch: int | None, temperature: float | None = None) -> tuple[str, str]:
@@ -67,7 +68,8 @@ def train(out: Path, steps: int, speculation: bool, full_batch: int | None = Non
 
 
 def load_run(out: Path) -> dict[str, Any]:
-    """A finished run's metrics, records (without `device`) and summary."""
+    """A finished run's metrics, records (without `device`) and summary (a pair kept with
+    `--out` can be compared again: `compare(load_run(off), load_run(on))`)."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     records = {}
     for line in (out / "samples.jsonl").read_text().splitlines():
@@ -161,7 +163,7 @@ def main() -> None:
         parser.error(f"--full-batch must be >= 0, got {args.full_batch}")
     if args.temperature is not None and args.temperature <= 0:
         parser.error(f"--temperature must be > 0, got {args.temperature}")
-    t = args.temperature
+    t = None if args.temperature == EXAMPLE_TEMPERATURE else args.temperature  # the example's
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
         off = train(root / "off", args.steps, speculation=False, temperature=t)

@@ -30,7 +30,7 @@ def test_only_stale_engines_load_and_each_load_is_an_event() -> None:
     events: list = []
     versions = _versions(events)
     devices = [_Device(i) for i in range(3)]
-    versions.serves(1, 4)
+    versions.set_loaded(1, 4)
     asyncio.run(versions.load(4, "w4", devices))  # type: ignore[arg-type]
     assert [d.loaded for d in devices] == [[4], [], [4]]
     assert [args[2] for args, _ in events] == [0, 2]
@@ -52,6 +52,9 @@ def test_a_death_the_handler_fences_keeps_the_old_version_and_others_propagate()
     versions = _versions([])
     dead, alive = _Device(0, dies=True), _Device(1)
     with pytest.raises(RuntimeError, match="device 0 died"):  # no handler: an error
+        asyncio.run(versions.load(2, "w2", [dead]))  # type: ignore[list-item]
+    versions.on_lost(lambda device, exc: False)  # the handler says: not a death
+    with pytest.raises(RuntimeError, match="device 0 died"):
         asyncio.run(versions.load(2, "w2", [dead]))  # type: ignore[list-item]
     fenced: list[int] = []
     versions.on_lost(lambda device, exc: fenced.append(device.index) is None)

@@ -14,6 +14,7 @@ from dynaresize.control.base import Move, RunView
 from dynaresize.control.fixed import FixedSplit
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
 from dynaresize.sim.workloads import get_workload
@@ -324,11 +325,13 @@ def _pool(run: _Run, served_version: int) -> EnginePool:
                             versions=SimpleNamespace(get=lambda version: f"weights v{version}"))
     background = Background()
     background.start()
-    pool = EnginePool(state, SimpleNamespace(now=lambda: 0.0),  # type: ignore[arg-type]
-                      SimpleNamespace(event=lambda *args, **kwargs: None), background)
+    clock = SimpleNamespace(now=lambda: 0.0)
+    versions = EngineVersions((0, 1), clock,  # type: ignore[arg-type]
+                              SimpleNamespace(event=lambda *args, **kwargs: None))
+    pool = EnginePool(state, clock, background, versions)  # type: ignore[arg-type]
     pool.start_run(run)  # type: ignore[arg-type]
-    pool.versions.serves(0, run.version)
-    pool.versions.gone(1)
+    versions.set_loaded(0, run.version)
+    versions.gone(1)
     pool._served_version = served_version
     return pool
 

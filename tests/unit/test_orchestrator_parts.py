@@ -148,7 +148,7 @@ def test_a_device_joining_between_runs_loads_the_loops_version_or_the_newest_kep
         versions = VersionStore()
         state = SimpleNamespace(devices=[SimpleNamespace(index=0)], versions=versions,
                                 rollout_version=1, allocation=None)
-        pool = EnginePool(state, None, None, Background())  # type: ignore[arg-type]
+        pool = EnginePool(state, None, Background(), None)  # type: ignore[arg-type]
         for v in (1, 2):
             await versions.publish(v, f"w{v}")
         got = [pool.current_weights()[0]]             # v1 still kept (the two newest are)

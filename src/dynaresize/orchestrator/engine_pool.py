@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dynaresize.core.rundir import RunDir
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.state import RunState
@@ -31,13 +30,12 @@ RESCUE_WAIT_S = 600.0
 
 
 class EnginePool:
-    def __init__(self, state: RunState, clock: Clock, rundir: RunDir,
-                 background: Background, versions: EngineVersions | None = None) -> None:
+    def __init__(self, state: RunState, clock: Clock, background: Background,
+                 versions: EngineVersions) -> None:
         self.state = state
         self.clock = clock
         self.background = background
-        self.versions = versions if versions is not None else \
-            EngineVersions((d.index for d in state.devices), clock, rundir)
+        self.versions = versions
         """Which version each engine serves; loads weights (`load_version`)."""
         self.run: RolloutRun | None = None
         """The newest step's rollout (what controllers see and resizes act on)."""
@@ -117,7 +115,8 @@ class EnginePool:
         the run hands off once the next step starts and its engines take the rest.
         Why the cap and not `max_running`: engines the tails free after the hand-off go to
         later steps, so a run that moved on with a few engines kept its whole step on them,
-        though training needs it first (measured: docs/results.md, "Where the time went")."""
+        up to `max_running` each, though training needs it first (measured:
+        docs/results.md, "Where the time went")."""
         while not run.drained.is_set() and not self._has_all_it_can(run):
             self._moved.clear()
             waits = [asyncio.ensure_future(self._moved.wait()),
@@ -306,7 +305,7 @@ class EnginePool:
         rollouts: the next step's run may start while a resize loads weights), the device
         first loads that version (`join_newest`), as an engine leaving a tail does."""
         self.leaving.discard(device.index)
-        self.versions.serves(device.index, self._served_version)
+        self.versions.set_loaded(device.index, self._served_version)
         if device.index not in self.state.allocation.rollout:
             self.serving_early.add(device.index)
         run = self.run

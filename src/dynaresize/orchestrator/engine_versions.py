@@ -24,6 +24,9 @@ or an engine released): whichever run it joins loads weights first."""
 
 
 class EngineVersions:
+    """The loaded version of every device's engine (0 at the start, `NO_ENGINE` without
+    one) and the loads that change it."""
+
     def __init__(self, indices: Iterable[int], clock: Clock, rundir: RunDir) -> None:
         self.clock = clock
         self.rundir = rundir
@@ -34,7 +37,7 @@ class EngineVersions:
         """The version device `index`'s engine serves (`NO_ENGINE` if it holds none)."""
         return self._version[index]
 
-    def serves(self, index: int, version: int) -> None:
+    def set_loaded(self, index: int, version: int) -> None:
         """Device `index` was loaded with `version` outside `load` (a resize's own load)."""
         self._version[index] = version
 

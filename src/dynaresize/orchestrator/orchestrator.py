@@ -117,8 +117,7 @@ class Orchestrator:
         self.boundary = boundary = OptimizerBoundary(board.changed)
         self.background = Background()
         engine_versions = EngineVersions((d.index for d in state.devices), clock, rundir)
-        self.engines = engines = EnginePool(state, clock, rundir, self.background,
-                                            engine_versions)
+        self.engines = engines = EnginePool(state, clock, self.background, engine_versions)
         self.executor = ResizeExecutor(state.devices, clock, rundir, engines,
                                        cfg.resize.staging_bytes, fail=fail_op)
         stepper = PlainStep(cfg.train.micro_batch_size, clock, injector,

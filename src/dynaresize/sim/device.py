@@ -65,7 +65,7 @@ class SimDevice:
         """`clock.sleep` (VirtualClock: its frame-less `after`)."""
         self.version = 0
         self.engine = make_engine(index, costs, self._lengths, clock)
-        self.rank = SimRank(index)
+        self.train_state = SimRank(index)
         """Its training state: group, optimizer steps, held gradients."""
         self.busy_s = 0.0
         """Virtual seconds this device spent charged with work (for utilisation checks)."""
@@ -84,12 +84,12 @@ class SimDevice:
     @property
     def train_members(self) -> tuple[int, ...]:
         """The training group this device is a rank of (sorted; empty if none)."""
-        return self.rank.members
+        return self.train_state.members
 
     @property
     def train_steps(self) -> int | None:
         """Optimizer steps the training state of this rank holds (None: not a trainer)."""
-        return self.rank.steps
+        return self.train_state.steps
 
     def die(self, exc: BaseException) -> None:
         """The process is gone: pending and later calls raise `exc` (`SimProcesses.kill`)."""
@@ -184,7 +184,7 @@ class SimDevice:
     async def join_group(self, members: tuple[int, ...]) -> bool:
         """Communicator cache keyed by the member set: `join_group_first_s` the first time
         this device sees `members`, `join_group_cached_s` after. True if created."""
-        created = self.rank.cache_group(members)
+        created = self.train_state.cache_group(members)
         r = self.costs.resize
         await self._spend(r.join_group_first_s if created else r.join_group_cached_s)
         return created
@@ -197,20 +197,20 @@ class SimDevice:
         device's `bytes_sent`."""
         # the same plan for every member: computed once per resize
         wall_s, sent = reshard_plan(self.costs, old_members, new_members, staging_bytes)
-        self.rank.prepare(new_members, optimizer_step)
+        self.train_state.prepare(new_members, optimizer_step)
         await self._spend(wall_s, collective=True)
         return {"bytes_sent": float(sent.get(self.index, 0.0))}
 
     async def commit_train_group(self, new_members: tuple[int, ...]) -> None:
         """Switch to the prepared group (members) or stop training (others): `commit_s`."""
-        if self.rank.commit(new_members):
+        if self.train_state.commit(new_members):
             self.role = Role.TRAIN
         await self._spend(self.costs.resize.commit_s, collective=True)
 
     async def abort_reshard(self) -> None:
         """Discard the prepared layout; the old one stays in charge (free)."""
         self._check_alive()
-        self.rank.abort()
+        self.train_state.abort()
 
     async def drop_trainer(self) -> None:
         """Free a former trainer's state (deferrable): `release_weights_s`."""
@@ -219,7 +219,7 @@ class SimDevice:
     # ------------------------------------------------------------------ train role
     async def join_train_group(self, members: tuple[int, ...], generation: int) -> None:
         self._check_alive()
-        member, cached = self.rank.join(members)
+        member, cached = self.train_state.join(members)
         if not member:
             if self.role == Role.TRAIN:
                 self.role = Role.IDLE
@@ -236,38 +236,38 @@ class SimDevice:
     def train_step_s(self, micro_batches: list[list[TrainSample] | None]) -> tuple[float, int]:
         """(seconds, tokens) `train_step` charges for these micro-batches."""
         num_tokens = sum(self._sample_tokens(s) for mb in micro_batches if mb for s in mb)
-        num_ranks = max(1, len(self.rank.members))
+        num_ranks = max(1, len(self.train_state.members))
         return self.costs.train_step_overhead_s + num_tokens * self.costs.train_token_s() \
             / self.costs.dp_efficiency(num_ranks), num_tokens
 
     async def train_step(self, step: int, micro_batches: list[list[TrainSample] | None],
                          global_num_tokens: int) -> dict[str, float]:
-        self.rank.start_step(step)
+        self.train_state.start_step(step)
         seconds, num_tokens = self.train_step_s(micro_batches)
         await self._spend(seconds, collective=True)
-        self.rank.stepped(step)
+        self.train_state.stepped(step)
         return {"loss": 0.0, "num_tokens": float(num_tokens)}
 
     async def train_accumulate(self, step: int,
                                micro_batches: list[tuple[int, list[TrainSample]]]) -> None:
-        self.rank.hold(step)
+        self.train_state.hold(step)
         num_tokens = sum(self._sample_tokens(s) for _, mb in micro_batches for s in mb)
-        num_ranks = max(1, len(self.rank.members))
+        num_ranks = max(1, len(self.train_state.members))
         await self._spend(num_tokens * self.costs.train_token_s()
                           / self.costs.dp_efficiency(num_ranks))
 
     async def train_finish(self, step: int, num_micro_batches: int,
                            global_num_tokens: int) -> dict[str, float]:
-        self.rank.start_finish(step)
+        self.train_state.start_finish(step)
         await self._spend(self.costs.train_step_overhead_s, collective=True)
-        self.rank.stepped(step)
+        self.train_state.stepped(step)
         return {"loss": 0.0}
 
     async def publish_weights(self, version: int) -> WeightHandle | None:
-        self.rank.expect(version, "publish_weights")
+        self.train_state.expect(version, "publish_weights")
         await self._spend(self.costs.weight_sync_latency_s, collective=True)
         self.version = version
-        members = self.rank.members
+        members = self.train_state.members
         first = not members or self.index == members[0]  # sorted
         return version if first else None
 
@@ -281,7 +281,7 @@ class SimDevice:
         if self.train_steps is None:
             raise RuntimeError(f"simulated device {self.index}: save_checkpoint on no trainer")
         rc = self.costs.recovery
-        seconds = rc.save_s(self.costs.model, len(self.rank.members))
+        seconds = rc.save_s(self.costs.model, len(self.train_state.members))
         await self._spend(seconds, collective=True)
         self.storage.save(path, self.train_steps)
         return {"save_s": seconds, "checkpoint_bytes": rc.checkpoint_bytes(self.costs.model)}
@@ -290,9 +290,9 @@ class SimDevice:
         """The saved state into this group's sharding: `CostModel.recovery.load_s`."""
         self._check_alive()
         self.storage.load(path, optimizer_step)
-        seconds = self.costs.recovery.load_s(self.costs.model, len(self.rank.members))
+        seconds = self.costs.recovery.load_s(self.costs.model, len(self.train_state.members))
         await self._spend(seconds, collective=True)
-        self.rank.restored(optimizer_step)
+        self.train_state.restored(optimizer_step)
         return {"load_s": seconds}
 
     async def rebuild_world(self, store: int | str, ranks: dict[int, int],
@@ -302,7 +302,7 @@ class SimDevice:
         training group (`join_group_first_s`; every cached communicator is gone)."""
         seconds = self.costs.recovery.rebuild_world_s(len(ranks))
         await self._spend(seconds + self.costs.resize.join_group_first_s, collective=True)
-        if self.rank.rebuild(train_members, optimizer_step, keep_train_state):
+        if self.train_state.rebuild(train_members, optimizer_step, keep_train_state):
             self.role = Role.TRAIN
 
 

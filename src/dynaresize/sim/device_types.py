@@ -82,7 +82,8 @@ def sorted_members(members: Any) -> tuple[tuple[int, ...], frozenset[int]]:
     return got[1], got[2]
 
 
-_PLANS: dict[tuple[int, int, int, int], tuple[Any, Any, Any, tuple[float, dict[int, float]]]] = {}
+_PLANS: dict[tuple[int, int, int, int],
+             tuple[Any, Any, CostModel, tuple[float, dict[int, float]]]] = {}
 """Reshard plans by (cost model, old members, new members, staging) object identity."""
 
 

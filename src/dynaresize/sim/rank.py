@@ -34,6 +34,8 @@ class SimRank:
         """A step whose held gradients a world rebuild dropped (its finish fails, as live)."""
 
     def expect(self, num_steps: int, op: str) -> None:
+        """`op` needs the training state after `num_steps` optimizer steps: RuntimeError
+        otherwise (an update was lost or applied twice)."""
         if self.steps != num_steps:
             raise RuntimeError(f"simulated device {self.index}: {op} needs the training state "
                                f"after {num_steps} optimizer steps; this rank holds "

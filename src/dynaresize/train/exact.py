@@ -32,10 +32,10 @@ Cost: every rank holds the full parameters (replica, on one rank the shards them
 KL reference too when kl_coef > 0, unsharded) and its own micro-batches' gradients (fp32, [P]
 each, until the step's combine; a fold, however many micro-batches it holds, is one [P]: a
 single training rank holds one gradient whatever the number of micro-batches, when they
-come in order). The combine consumes them: a one-row block all-reduces the
-held row itself and the first row becomes the [P] sum, which the grads are views of; blocks of
-several rows (small models) take a buffer of at most `COMBINE_BUDGET_BYTES` (`train.combine`).
-Meant for small models (CPU).
+come in order). The combine consumes them (`train.combine`): a one-row block (a model above
+the budget) is broadcast from the rank that holds it and the first row becomes the [P] sum,
+which the grads are views of; blocks of several rows (small models) take a buffer of at most
+`COMBINE_BUDGET_BYTES`. Meant for small models (CPU).
 """
 
 from __future__ import annotations
