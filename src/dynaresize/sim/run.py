@@ -42,18 +42,14 @@ from dynaresize.sim.colocated import run_colocated
 from dynaresize.sim.costs import CostModel, get_cost_model
 from dynaresize.sim.forkmap import fork_map, usable_cores
 from dynaresize.sim.fully_async import run_fully_async, search_fully_async
-from dynaresize.sim.harness import (
-    TwinFaults,
-    results_row,
-    run_config,
-    sim_config,
-)
+from dynaresize.sim.harness import TwinFaults, run_config, sim_config
 from dynaresize.sim.oracle import (
     oracle_result,
     oracle_steps,
 )
 from dynaresize.sim.probes import PARALLEL_MIN_REQUEST_STEPS, Analytic, SplitProber
 from dynaresize.sim.resolve import resolve_workload
+from dynaresize.sim.results_row import results_row
 from dynaresize.sim.speculation import Speculation, resolve_speculation
 from dynaresize.sim.workloads import Workload
 
