@@ -11,8 +11,9 @@ import os
 import time
 from typing import Any
 
+from dynaresize.devices.builders import DeviceBuilder
 from dynaresize.devices.cluster import NodeInfo, this_node
-from dynaresize.devices.memory import clone_model, release_dropped, release_free_memory
+from dynaresize.devices.memory import release_dropped, release_free_memory
 from dynaresize.devices.network import LOOPBACK, base_env, loopback_env, network_env
 from dynaresize.devices.settings import DeviceSettings
 from dynaresize.devices.world import init_world, open_store
@@ -57,8 +58,8 @@ class DeviceActor:
         self._old_trainer: Any = None
         self.settings: DeviceSettings | None = None
         self._mesh_generation = 0
-        self._template: Any = None
-        self._template_key: tuple[Any, ...] | None = None
+        self.builder = DeviceBuilder(index, self.torch_device)
+        """Builds the model (from a kept template), engines and trainers."""
 
     def ready(self) -> int:
         return os.getpid()
@@ -80,54 +81,9 @@ class DeviceActor:
         if role == "rollout":
             self._build_engine()
 
-    def _build_model(self, blank: bool = False) -> Any:
-        """The version-0 model (the same on every device). Built once per model config and
-        kept as a CPU template; later calls copy the template into a model constructed without
-        initialisation, which takes ~0.1 s where a random init of 100M parameters takes
-        1.5-7 s on one thread: the new trainers of a reshard and the engine of a device that
-        starts serving are built on a resize's critical path. `blank`: parameters left
-        uninitialised, for a model whose every parameter is overwritten next. A template
-        memory-mapped from its safetensors file leaves this process's resident memory after
-        each copy (`devices.file_pages`: its pages stay in the page cache, unchanged)."""
-        from dynaresize.devices.file_pages import drop_model_file_pages
-        from dynaresize.models import build_model
-
-        settings = self._settings()
-        tok = settings.tokens
-        key = (repr(settings.model), tok.vocab_size, tok.eos_id, tok.bos_id, tok.pad_id)
-        if self._template_key != key:
-            self._template = build_model(settings.model, tok.vocab_size, eos_token_id=tok.eos_id,
-                                         bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
-            self._template_key = key
-        model = clone_model(self._template, blank).to(self.torch_device)
-        drop_model_file_pages(self._template)
-        return model
-
     def _build_engine(self, blank: bool = False) -> None:
-        from dynaresize.rollout.engine import RolloutEngine
-        from dynaresize.rollout.speculative import settings_from_config
-
         self._drop_engine()
-        settings = self._settings()
-        rollout = settings.rollout
-        if rollout.engine == "vllm":  # vLLM in this process (docs/vllm.md)
-            from dynaresize.rollout.vllm_engine import build_vllm_engine
-
-            self._build_model(blank=True)  # the version-0 template, which vLLM loads from disk
-            self.engine = build_vllm_engine(rollout, self._template,
-                                            eos_token_id=settings.tokens.eos_id,
-                                            device_index=self.index,
-                                            torch_device=self.torch_device)
-            return
-        self.engine = RolloutEngine(self._build_model(blank),
-                                    eos_token_id=settings.tokens.eos_id,
-                                    device_index=self.index,
-                                    max_running=rollout.max_running_requests,
-                                    batch_invariant=rollout.batch_invariant,
-                                    torch_device=self.torch_device,
-                                    whole_prompt_prefill=rollout.whole_prompt_prefill,
-                                    forward_rows=rollout.speculative.forward_rows,
-                                    speculation=settings_from_config(rollout.speculative))
+        self.engine = self.builder.engine(self._settings(), blank)
 
     def _settings(self) -> DeviceSettings:
         assert self.settings is not None, "configure() first"
@@ -146,22 +102,10 @@ class DeviceActor:
         return self.groups[members]
 
     def _new_trainer(self, members: tuple[int, ...], blank: bool = False) -> Any:
-        """`blank`: the caller overwrites every parameter (a reshard), so the model need not
-        hold version 0, unless a KL reference (the version-0 policy) is built from it."""
-        from dynaresize.train.trainer import FSDPTrainer
-
+        """A trainer over `members` (`DeviceBuilder.trainer`; `blank`: a reshard fills it)."""
         self._mesh_generation += 1
-        settings = self._settings()
-        blank = blank and settings.train.kl_coef == 0
-
-        def factory() -> Any:
-            return self._build_model(blank)
-
-        return FSDPTrainer(factory, settings.train, self.group(members),
-                           generation=self._mesh_generation, device=self.torch_device,
-                           temperature=settings.rollout.temperature,
-                           pad_token_id=settings.tokens.pad_id,
-                           max_new_tokens=settings.max_new_tokens)
+        return self.builder.trainer(self._settings(), self.group(members),
+                                    self._mesh_generation, blank)
 
     def join_train_group(self, members: tuple[int, ...], generation: int) -> int:
         self.group(members)
