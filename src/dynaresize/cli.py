@@ -89,6 +89,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     out = args.resume or args.out or _default_out("train")
     from dynaresize.app.runner import run_training
+    from dynaresize.rollout.spec_stats import acceptance_line
 
     summary = run_training(cfg, out, resume=bool(args.resume))
     print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
@@ -97,10 +98,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if "eval_accuracy_last" in summary:
         print(f"held-out accuracy {summary['eval_accuracy_first']:.3f} -> "
               f"{summary['eval_accuracy_last']:.3f}")
-    spec = summary.get("speculation")
-    if spec and spec["tokens_per_forward"] is not None:
-        print(f"speculative decoding: {spec['tokens_per_forward']:.2f} tokens per forward "
-              f"({spec['accepted_tokens']} of {spec['draft_tokens']} draft tokens accepted)")
+    acceptance = acceptance_line(summary.get("speculation"))
+    if acceptance is not None:
+        print(acceptance)
     return 0
 
 

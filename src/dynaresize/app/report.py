@@ -26,6 +26,7 @@ from dynaresize.app.report_eval import eval_summary, plot_eval
 from dynaresize.cli import UsageError
 from dynaresize.core.rundir import EVENT_KEYS, METRIC_KEYS, read_jsonl
 from dynaresize.core.timeline import BUSY_KINDS, idle_device_s_per_step
+from dynaresize.rollout.spec_stats import acceptance_line
 
 PLOTS = ("timeline.png", "utilisation.png", "stages.png")
 OPTIONAL_PLOTS = ("reward.png", "eval.png")
@@ -230,11 +231,9 @@ def tail_lines(metrics: list[dict], summary: dict[str, Any]) -> list[str]:
         lines.append(f"tail requests (each step's longest quarter, submission to completion): "
                      f"{np.mean(tails):.2f} tokens/s on average over {len(tails)} steps "
                      f"(slowest step {min(tails):.2f})")
-    spec = summary.get("speculation") or {}
-    if spec.get("tokens_per_forward") is not None:
-        lines.append(f"speculative decoding: {spec['tokens_per_forward']:.2f} tokens per forward "
-                     f"of a request ({spec.get('accepted_tokens', 0)} of "
-                     f"{spec.get('draft_tokens', 0)} draft tokens accepted)")
+    acceptance = acceptance_line(summary.get("speculation"))
+    if acceptance is not None:
+        lines.append(acceptance)
     return lines
 
 

@@ -1,6 +1,7 @@
 """Exact speculative decoding's counters (pure): one engine's verify iterations
 (`SpeculationStats`), a device's rollout counters over its engines' lives (`engine_counts`) and
-the run's summary of every device's (`speculation_summary`, summary.json "speculation")."""
+the run's summary of every device's (`speculation_summary`, summary.json "speculation") and its
+one-line text (`acceptance_line`: printed at a run's end, `dynaresize report`)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,12 @@ def speculation_summary(devices: list[dict[str, int]]) -> dict[str, Any]:
             "mean_accepted_per_verify": round(total["accepted_tokens"]
                                               / total["verify_iterations"], 4)
             if total["verify_iterations"] else None}
+
+
+def acceptance_line(spec: dict[str, Any] | None) -> str | None:
+    """summary.json's "speculation" as one line, or None where the run did not speculate."""
+    if not spec or spec.get("tokens_per_forward") is None:
+        return None
+    return (f"speculative decoding: {spec['tokens_per_forward']:.2f} tokens per forward "
+            f"({spec.get('accepted_tokens', 0)} of {spec.get('draft_tokens', 0)} draft tokens "
+            "accepted)")
