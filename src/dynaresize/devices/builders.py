@@ -27,13 +27,9 @@ class DeviceBuilder:
         self._template: Any = None
         self._template_key: tuple[Any, ...] | None = None
 
-    def model(self, settings: DeviceSettings, blank: bool = False) -> Any:
-        """The version-0 model (the same on every device), copied from the template.
-        `blank`: parameters left uninitialised, for a model whose every parameter is
-        overwritten next. A template memory-mapped from its safetensors file leaves this
-        process's resident memory after each copy (`devices.file_pages`: its pages stay in
-        the page cache, unchanged)."""
-        from dynaresize.devices.file_pages import drop_model_file_pages
+    def template(self, settings: DeviceSettings) -> Any:
+        """The version-0 model (the same on every device), kept on the CPU: built once per
+        model config."""
         from dynaresize.models import build_model
 
         tok = settings.tokens
@@ -42,8 +38,18 @@ class DeviceBuilder:
             self._template = build_model(settings.model, tok.vocab_size, eos_token_id=tok.eos_id,
                                          bos_token_id=tok.bos_id, pad_token_id=tok.pad_id)
             self._template_key = key
-        model = clone_model(self._template, blank).to(self.torch_device)
-        drop_model_file_pages(self._template)
+        return self._template
+
+    def model(self, settings: DeviceSettings, blank: bool = False) -> Any:
+        """A copy of the version-0 model on this device. `blank`: parameters left
+        uninitialised, for a model whose every parameter is overwritten next. A template
+        memory-mapped from its safetensors file leaves this process's resident memory after
+        each copy (`devices.file_pages`: its pages stay in the page cache, unchanged)."""
+        from dynaresize.devices.file_pages import drop_model_file_pages
+
+        template = self.template(settings)
+        model = clone_model(template, blank).to(self.torch_device)
+        drop_model_file_pages(template)
         return model
 
     def engine(self, settings: DeviceSettings, blank: bool = False) -> Engine:
@@ -56,8 +62,8 @@ class DeviceBuilder:
         if rollout.engine == "vllm":  # vLLM in this process (docs/vllm.md)
             from dynaresize.rollout.vllm_engine import build_vllm_engine
 
-            self.model(settings, blank=True)  # the version-0 template, which vLLM loads from disk
-            return build_vllm_engine(rollout, self._template,
+            # vLLM loads the template from disk: no copy of it on this device
+            return build_vllm_engine(rollout, self.template(settings),
                                      eos_token_id=settings.tokens.eos_id,
                                      device_index=self.index, torch_device=self.torch_device)
         return RolloutEngine(self.model(settings, blank),
