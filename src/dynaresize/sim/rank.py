@@ -26,8 +26,8 @@ class SimRank:
         """Optimizer steps the training state of this rank holds (None: not a trainer)."""
         self._groups: set[frozenset[int]] = set()
         """Member sets this device has a communicator for (frozensets cache their hash)."""
-        self._next_members: tuple[int, ...] = ()
         self._next_steps: int | None = None
+        """The steps a prepared reshard hands this device (None: not a member of it)."""
         self._held_step: int | None = None
         """The step whose streamed gradients this rank holds (`hold`)."""
         self._dropped_step: int | None = None
@@ -52,11 +52,10 @@ class SimRank:
     def prepare(self, new_members: tuple[int, ...], optimizer_step: int) -> None:
         """A reshard to `new_members`: an old member sends the state after `optimizer_step`
         steps; a new member will hold it once the layout commits."""
-        key, member_set = sorted_members(new_members)
         if self.steps is not None and self.members:
             self.expect(optimizer_step, "reshard")
-        self._next_members = key if self.index in member_set else ()
-        self._next_steps = optimizer_step if self._next_members else None
+        member = self.index in sorted_members(new_members)[1]
+        self._next_steps = optimizer_step if member else None
 
     def commit(self, new_members: tuple[int, ...]) -> bool:
         """Switch to the prepared layout; True if this device trains in it."""
@@ -68,12 +67,12 @@ class SimRank:
                 self.steps = self._next_steps
         else:
             self.members, self.steps = (), None
-        self._next_members, self._next_steps = (), None
+        self._next_steps = None
         return member
 
     def abort(self) -> None:
         """Discard the prepared layout; the old one stays in charge."""
-        self._next_members, self._next_steps = (), None
+        self._next_steps = None
 
     def join(self, members: tuple[int, ...]) -> tuple[bool, bool]:
         """Join the training group `members`: (this device is a member, its communicator was
@@ -123,7 +122,7 @@ class SimRank:
         if this device trains in it (keeping its state, or from step 0's)."""
         key, member_set = sorted_members(tuple(members))
         self._groups = {member_set}
-        self._next_members, self._next_steps = (), None
+        self._next_steps = None
         self._dropped_step, self._held_step = self._held_step, None  # a new trainer
         if self.index not in member_set:
             self.members, self.steps = (), None
