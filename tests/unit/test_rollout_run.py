@@ -370,3 +370,23 @@ def test_a_request_lives_from_its_first_submission_to_its_completion() -> None:
     assert len(lives) == 8
     assert all(life_s == tokens for tokens, life_s in lives.values())
     assert run.lives.tail_tokens_per_s() == 1.0
+
+
+def test_work_handed_back_beyond_the_engines_slots_makes_the_run_not_drained() -> None:
+    # a deep resize hands a stopped engine's requests back; the one engine left is full, so
+    # they wait in the queue: the pool must see the run as not drained (engines freed by other
+    # runs go to it, `EnginePool._destination`)
+    async def main() -> list[bool]:
+        engines = [FakeEngine(i) for i in range(2)]
+        run = RolloutRun(RealClock(), specs(8), RunSettings(0, 4, 1.0),
+                         on_completions=lambda c: None)
+        run.add_devices(engines)
+        seen = [run.drained.is_set()]  # all 8 running on 2 engines of 4 slots
+        await run.stop_admission(engines[1])
+        run.requeue(engines[1], await engines[1].export_inflight())
+        seen.append(run.drained.is_set())  # 4 wait for engine 0's slots
+        await run.wait()
+        seen.append(run.drained.is_set())
+        return seen
+
+    assert asyncio.run(main()) == [True, False, True]

@@ -113,3 +113,15 @@ def test_rollout_death_in_a_streamed_step_reruns_it_plainly(campaign: Campaign) 
     row = campaign.run(Trial(5, Variant("hysteresis", 1, 0),
                              (Death("train_accumulate", 3, 0.001, "rollout"),)))
     assert row["killed"] and survived(row)
+
+
+def test_trainers_dying_in_the_repair_before_a_resize_at_staleness_2(
+        campaign: Campaign) -> None:
+    """Found by the campaign at staleness 2: a rollout engine died, and two trainers died in
+    the repair the step-1 resize runs first; its plan, made before the repair, still resharded
+    from them and the run failed. Now the repair comes first and the plan sees the
+    survivors."""
+    deaths = (Death("rollout", 62, 1.4854, "train"), Death("rollout", 106, 0.8778, "train"),
+              Death("rollout", 27, 0.4898, "rollout"))
+    row = campaign.run(Trial(250, Variant("static", 2, 2, "rollout->train"), deaths))
+    assert len(row["killed"]) == 3 and survived(row)

@@ -15,21 +15,17 @@ device not in transit is in the newest run or held by a tail.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from dynaresize.orchestrator.background import Background
+from dynaresize.orchestrator.engine_hooks import ResizeHooks
+from dynaresize.orchestrator.engine_rescue import EngineRescue
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.rollout.run import RolloutRun
 
-RESCUE_POLL_S = 0.05
-"""How often a tail that lost its last engine looks for one in the newest run."""
-RESCUE_WAIT_S = 600.0
-"""How long it waits for recovery to bring one (then the run fails, naming the step)."""
 
-
-class EnginePool:
+class EnginePool(EngineRescue, ResizeHooks):
     def __init__(self, state: RunState, clock: Clock, background: Background,
                  versions: EngineVersions) -> None:
         self.state = state
@@ -45,6 +41,11 @@ class EnginePool:
         """Devices on their way from a tail (or free) to the newest run."""
         self._num_rescues = 0
         """Tokens (negative) of `rescue_tail`s in `_tail_devices`."""
+        self._loading: set[int] = set()
+        """A new step's first engines while they load its version (`load_free`)."""
+        self._borrowed: set[int] = set()
+        """Engines on their way to a run by a side path (a rescue's donor, an engine recovery
+        brings back): in no run meanwhile, but not free (`tail_busy`)."""
         self._settled = asyncio.Event()
         self._settled.set()
         self._moved = asyncio.Event()
@@ -87,10 +88,39 @@ class EnginePool:
     def tail_busy(self) -> set[int]:
         """Rollout devices a tail still holds, an engine leaving it (packed away, exporting)
         included, or that are on their way to the newest run (pipelined; empty otherwise)."""
-        busy = set(self._tail_devices)
+        busy = self._tail_devices | self._borrowed
         for tail in self.tails:
             busy.update(tail.held_devices())
         return busy
+
+    def engaged(self) -> set[int]:
+        """Rollout devices some run holds (leaving ones included) or on their way to one,
+        a new step's engines loading its version (`load_free`) included."""
+        busy = self.tail_busy() | self._loading
+        if self.run is not None:
+            busy.update(self.run.held_devices())
+        return busy
+
+    def serves_rollout(self, index: int) -> bool:
+        """Whether device `index` is in the rollout pool now (`rollout_devices`)."""
+        return index not in self.leaving and (
+            index in self.state.allocation.rollout or index in self.serving_early)
+
+    async def load_free(self, version: int, handle: WeightHandle) -> list[Device]:
+        """A new step's first engines: the free rollout devices (in no run, on their way to
+        none) load `version`. Returns those still free and serving it after the load: while
+        the weights loaded a resize may have taken one to training (and committed), or a
+        death kept one from loading."""
+        ready = [d for d in self.rollout_devices() if d.index not in self.engaged()]
+        loading = {d.index for d in ready}
+        self._loading |= loading
+        try:
+            await self.load_version(version, handle, ready)
+        finally:
+            self._loading -= loading
+        busy = self.engaged()
+        return [d for d in ready if d.index not in busy and self.serves_rollout(d.index)
+                and self.versions.of(d.index) == version]
 
     def arriving(self) -> set[int]:
         """Devices on their way to the newest run: they left the previous tail or were free
@@ -186,157 +216,24 @@ class EnginePool:
     async def _move_to_newest(self, device: Device) -> None:
         """Load the newest step's version on `device` and add it to that step's run (if
         that run ended meanwhile, the device waits, free, for the next one; if a resize took
-        it out meanwhile, it stays out)."""
+        it out meanwhile, it stays out, even if that resize was rolled back or committed)."""
         try:
             while True:
                 run = self._destination()
-                if run is None or run.finished.is_set() or device.index in self.leaving:
+                if run is None or run.finished.is_set() or not self.serves_rollout(device.index):
                     return
                 if self.versions.of(device.index) != run.version:
                     await self.load_version(run.version, self.state.versions.get(run.version),
                                             [device])
                 if self._destination() is run and not run.finished.is_set() \
-                        and device.index not in self.leaving:
+                        and self.serves_rollout(device.index):
                     run.add_devices([device])
                     return
         finally:
             self._tail_devices.discard(device.index)
             self._check_settled()
 
-    def rescue_tail(self, tail: RolloutRun, version: int, lost_index: int) -> None:
-        """The previous step lost its last engine (`lost_index`) with requests left."""
-        token = -1 - lost_index
-        self._tail_devices.add(token)  # no resize until it is rescued
-        self._num_rescues += 1
-        self.background.spawn(self._rescue_tail(tail, version, token))
-
-    async def _rescue_tail(self, tail: RolloutRun, version: int, token: int) -> None:
-        """The newest step's highest-index engine leaves it (its requests migrate to the
-        others), loads the previous version and finishes the previous step's requests."""
-        try:
-            waited_s = 0.0
-            while True:  # every rollout engine died: recovery refills the pool (a trainer
-                newest = self.run  # reassigned, `repair_soon`) and the newest run gets it
-                donors = newest.devices() if newest is not None else []
-                if donors:
-                    break
-                if waited_s >= RESCUE_WAIT_S:
-                    raise RuntimeError(f"step {self.state.step - 1}'s last rollout engine "
-                                       "died and no engine came to finish its requests in "
-                                       f"{RESCUE_WAIT_S:.0f} s")
-                await self.clock.sleep(RESCUE_POLL_S)
-                waited_s += RESCUE_POLL_S
-            device = self.state.devices[donors[-1]]
-            await newest.stop_admission(device)  # type: ignore[union-attr]
-            newest.requeue(device, await device.export_inflight())  # type: ignore[union-attr]
-            await self.load_version(version, self.state.versions.get(version), [device])
-            tail.add_devices([device])
-        finally:
-            self._tail_devices.discard(token)
-            self._num_rescues -= 1
-            self._check_settled()
-
     async def load_version(self, version: int, handle: WeightHandle,
                            engines: list[Device]) -> None:
         """Load `version` on the engines of `engines` that do not serve it yet."""
         await self.versions.load(version, handle, engines)
-
-    def drop_lost(self, device: Device, exc: BaseException) -> None:
-        """A dead rollout device (fenced by recovery) leaves every run still holding it; its
-        requests rerun on the others (a resize may have stopped it and met its death in
-        `export_inflight`, before handing its requests back)."""
-        for run in (self.run, *self.tails):
-            if run is not None:
-                run.drop_lost(device, exc)
-
-    # ------------------------------------------------------------------ resize hooks
-    def movable_to_train(self, num: int) -> tuple[int, ...] | None:
-        """Staleness >= 2 (`Resizer.deep`): `num` rollout devices a resize may stop where they
-        are, without waiting for one step to roll out, or None if there are fewer: those in
-        no run and not in transit, then the newest run's engines with nothing left (its
-        queue empty), then its others (highest index first), then each tail's likewise
-        (newest first). Every run keeps one engine that is not taken, and none of its others
-        leaves counting on a taken one (`mark_leaving`), so the requests a stopped device
-        hands back to its run (`requeue`) always have an engine."""
-        run = self.run
-        taken = self.tail_busy() | (set(run.held_devices()) if run is not None else set())
-        picks = [d.index for d in self.rollout_devices() if d.index not in taken]
-        for one in ([run] if run is not None else []) + self.tails[::-1]:
-            active = set(one.devices()) - self.leaving
-            idle = [i for i in one.idle_devices() if i in active]
-            working = sorted(active - set(idle), reverse=True)
-            picks += idle + working[:-1] if working else idle[:-1]
-        return tuple(picks[:num]) if len(picks) >= num else None
-
-    def mark_leaving(self, indices: tuple[int, ...]) -> None:
-        """The devices a resize takes (`movable_to_train`) stop taking work now, before
-        its `stop_admission` runs: no other engine of their runs leaves counting on them."""
-        for index in indices:
-            if (holder := self._holder(index)) is not None:
-                holder.mark_leaving(self.state.devices[index])
-
-    def _holder(self, index: int) -> RolloutRun | None:
-        for run in (self.run, *self.tails):
-            if run is not None and index in run.held_devices():
-                return run
-        return None
-
-    async def stop_admission(self, device: Device) -> None:
-        self.leaving.add(device.index)
-        holder = self._holder(device.index)
-        if holder is not None:
-            self._stopped_in[device.index] = holder
-            await holder.stop_admission(device)
-
-    def requeue(self, device: Device, exported: list[Any]) -> None:
-        """A stopped device's requests go back to the run that held it (if it still runs;
-        else, with nothing exported, to the newest)."""
-        run = self._stopped_in.pop(device.index, None)
-        if run is None or not (run is self.run or self.is_tail(run)):
-            run = self.run
-        if run is not None:
-            run.requeue(device, exported)
-        else:
-            assert not exported, "requests in flight outside a rollout step"
-
-    def start_serving(self, device: Device) -> None:
-        """A device the resize loaded with `current_weights` joins the running rollout. If the
-        rollout loop moved on to a step that needs another version meanwhile (pipelined
-        rollouts: the next step's run may start while a resize loads weights), the device
-        first loads that version (`join_newest`), as an engine leaving a tail does."""
-        self.leaving.discard(device.index)
-        self.versions.set_loaded(device.index, self._served_version)
-        if device.index not in self.state.allocation.rollout:
-            self.serving_early.add(device.index)
-        run = self.run
-        if run is None:
-            return
-        if self._served_version == run.version:
-            run.add_devices([device])
-        else:
-            self.join_newest(device)
-
-    def current_weights(self) -> tuple[int, WeightHandle]:
-        """The version a device joining the rollout loads: the running step's; between runs
-        the step the rollout loop is at, or, if training ran ahead and the store dropped that
-        one meanwhile, the newest (the next step's run loads its own on stale engines)."""
-        run, versions = self.run, self.state.versions
-        if run is not None:  # every run the loop holds carries its version
-            version = run.version
-        else:
-            version = min(self.state.rollout_version, versions.latest)
-            if not versions.has(version):
-                version = versions.latest
-        self._served_version = version
-        return version, versions.get(version)
-
-    def engine_gone(self, index: int) -> None:
-        """Device `index` holds no engine (a trainer reassigned to the rollout pool, or an
-        engine released): whichever run it joins loads weights first (`load_weights` builds
-        the engine), never submitting to it before."""
-        self.versions.gone(index)
-
-    def forget_moved(self, to_rollout: tuple[int, ...], to_train: tuple[int, ...] = ()) -> None:
-        """A resize ended (committed or rolled back): its devices are in their pools."""
-        self.serving_early -= set(to_rollout)
-        self.leaving -= set(to_train)

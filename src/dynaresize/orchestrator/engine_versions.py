@@ -51,6 +51,11 @@ class EngineVersions:
         propagates."""
         self._lost_handler = handler
 
+    def lost(self, device: Device, exc: BaseException) -> bool:
+        """Whether a call on `device` failed with `exc` because the device died (recovery
+        fences it): the `on_lost` handler's answer; False without one."""
+        return self._lost_handler is not None and self._lost_handler(device, exc)
+
     async def load(self, version: int, handle: WeightHandle, engines: list[Device]) -> None:
         """Load `version` on every engine of `engines` that does not serve it yet, at once;
         each load is an event of the run directory (critical path)."""
@@ -74,7 +79,7 @@ class EngineVersions:
         try:
             await device.load_weights(version, handle)
         except Exception as exc:
-            if self._lost_handler is None or not self._lost_handler(device, exc):
+            if not self.lost(device, exc):
                 raise
             return False
         return True

@@ -81,8 +81,8 @@ class NullRecovery:
     def find_dead(self, how: str) -> bool:
         return False
 
-    async def repair(self) -> None:
-        return None
+    async def repair(self) -> bool:
+        return False
 
 
 class Recovery:
@@ -168,13 +168,16 @@ class Recovery:
         return self.world_stale
 
     # ------------------------------------------------------------------ repair
-    async def repair(self) -> None:
+    async def repair(self) -> bool:
         """At an optimizer-step boundary (train lock held): world, trainers, rollout pool.
         A device that dies during the repair (world rebuild, restore, replay, reloading an
-        engine) is fenced too and the repair starts over on the new survivors."""
+        engine) is fenced too and the repair starts over on the new survivors. Returns
+        whether it repaired anything (the allocation may have changed)."""
+        repaired = False
         for _ in range(len(self.state.devices)):
             if not self.world_stale:
-                return
+                return repaired
+            repaired = True
             num_lost = len(self.lost)
             try:
                 await self._repair_once()
@@ -184,6 +187,7 @@ class Recovery:
                     raise
         if self.world_stale:
             raise RuntimeError(f"recovery gave up: devices {self.lost} died")
+        return repaired
 
     async def _refill_empty_pool(self) -> None:
         """Deaths emptied a pool (its only device died, e.g. after a resize had left one
@@ -224,7 +228,7 @@ class Recovery:
             if isinstance(result, BaseException):
                 raise result
         num_replayed = await self._restore_train_state() if restore else 0
-        await self._serve_again()
+        await self.engines.serve_idle()
         t1 = self.clock.now()
         self.world_stale = self.train_state_lost = False
         self.num_repairs += 1
@@ -250,16 +254,3 @@ class Recovery:
             await self.stepper.run(trainers, step, self._retained[step])
         return optimizer_step - start
 
-    async def _serve_again(self) -> None:
-        """Rollout devices the running step lost track of (a failed resize) serve again."""
-        engines = self.engines
-        run = engines.run
-        if run is None:
-            return
-        serving = set(run.devices()) | engines.tail_busy()  # pipelined: busy elsewhere
-        for d in engines.rollout_devices():
-            if d.index not in serving:
-                version, handle = engines.current_weights()
-                await d.alloc_kv()
-                await d.load_weights(version, handle)
-                engines.start_serving(d)

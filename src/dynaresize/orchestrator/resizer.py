@@ -69,7 +69,7 @@ class Resizer:
         `index` of the other pool moves to it. Into training: it stops serving, its requests
         go back to the queue and its engine is released (recovery's world rebuild makes it a
         trainer and restores the state). Into the rollout: only the allocation changes (the
-        rebuild drops its trainer, recovery's `_serve_again` makes it serve)."""
+        rebuild drops its trainer, `EnginePool.serve_idle` makes it serve)."""
         device = self.state.devices[index]
         if role is Role.TRAIN:
             await self.engines.stop_admission(device)
@@ -164,7 +164,16 @@ class Resizer:
     async def _resize_at_boundary(self, move: str, num_devices: int, step: int,
                                   idle_first: bool, prefer: tuple[int, ...] | None = None
                                   ) -> ResizeReport | None:
-        state, recovery, run = self.state, self.recovery, self.engines.run
+        state, recovery = self.state, self.recovery
+        # first: the plan must not name a device that died before it (it would reshard from
+        # a dead trainer); devices picked in place may have died meanwhile: pick again
+        if await recovery.repair() and prefer:
+            prefer = self.engines.movable_to_train(num_devices)
+            if prefer is None:
+                self.skipped.append(f"step {step}: after device deaths the rollout cannot "
+                                    f"give {num_devices} devices where they are")
+                return None
+        run = self.engines.run
         try:
             idle = tuple(run.idle_devices()) if idle_first and run else ()
             if prefer:  # `deep`: devices stopped where they are
@@ -179,8 +188,6 @@ class Resizer:
             self.engines.mark_leaving(plan.to_train)
         t_resize, installed = self.clock.now(), False
         try:
-            await recovery.repair()
-            t_resize = self.clock.now()
             report = await self.executor.execute(plan, state.optimizer_step)
             t_resize = self.clock.now() - t_resize
         except CommittedResizeError as exc:  # a death after the commit: the new group holds

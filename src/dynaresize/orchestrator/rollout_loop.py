@@ -94,12 +94,7 @@ class RolloutLoop:
             if resizer.blocks_pipelining:  # no pipelining while a resize waits for it
                 await _wait(endings.take_all())
             await self.switch.to_rollout(step)  # colocated: the devices become engines
-            busy = engines.tail_busy()
-            ready = [d for d in engines.rollout_devices() if d.index not in busy]
-            await engines.load_version(version, handle, ready)
-            # a resize may have taken an engine out while the weights loaded
-            ready = [d for d in ready if d.index not in engines.leaving]
-            run = self._start(rollout, ready)
+            run = self._start(rollout, await engines.load_free(version, handle))
             engines.adopt_free_engines(run)
             engines.hand_off_tail()
             last = step + 1 >= settings.steps

@@ -216,6 +216,8 @@ class RolloutRun(RequestMoves):
             slots.deal_greedy(self.queue, limit, self._take)
         if not self.queue:
             self.drained.set()
+        elif not self.finished.is_set():  # work came back (requeued, rerun): not drained
+            self.drained.clear()
 
     def _limit(self) -> int:
         """Most requests one device may hold now (`max_running`, or `share_cap`)."""

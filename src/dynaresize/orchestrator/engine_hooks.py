@@ -1,0 +1,141 @@
+"""The engine pool's resize hooks, the part of `EnginePool` (a mixin) that the resize
+executor and the resizer call: which rollout devices a resize may take where they are
+(`movable_to_train`), stopping and requeueing them (`stop_admission`, `requeue`), a device
+joining the rollout (`current_weights`, `start_serving`) and the end of a resize
+(`forget_moved`). The attributes below are `EnginePool`'s, set by its constructor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynaresize.orchestrator.engine_versions import EngineVersions
+from dynaresize.orchestrator.state import RunState
+from dynaresize.protocols import Device, WeightHandle
+from dynaresize.rollout.run import RolloutRun
+
+
+class ResizeHooks:
+    """`EnginePool`'s resize hooks (see the module docstring)."""
+
+    state: RunState
+    versions: EngineVersions
+    run: RolloutRun | None
+    tails: list[RolloutRun]
+    leaving: set[int]
+    serving_early: set[int]
+    _served_version: int
+    _stopped_in: dict[int, RolloutRun]
+
+    def rollout_devices(self) -> list[Device]:  # EnginePool's
+        raise NotImplementedError
+
+    def tail_busy(self) -> set[int]:  # EnginePool's
+        raise NotImplementedError
+
+    def is_tail(self, run: RolloutRun | None) -> bool:  # EnginePool's
+        raise NotImplementedError
+
+    def join_newest(self, device: Device) -> None:  # EnginePool's
+        raise NotImplementedError
+
+    def movable_to_train(self, num: int) -> tuple[int, ...] | None:
+        """Staleness >= 2 (`Resizer.deep`): `num` rollout devices a resize may stop where they
+        are, without waiting for one step to roll out, or None if there are fewer: those in
+        no run and not in transit, then the newest run's engines with nothing left (its
+        queue empty), then its others (highest index first), then each tail's likewise
+        (newest first). Every run keeps one engine that is not taken, and none of its others
+        leaves counting on a taken one (`mark_leaving`), so the requests a stopped device
+        hands back to its run (`requeue`) always have an engine."""
+        run = self.run
+        taken = self.tail_busy() | (set(run.held_devices()) if run is not None else set())
+        picks = [d.index for d in self.rollout_devices() if d.index not in taken]
+        runs = ([run] if run is not None else []) + [t for t in self.tails[::-1] if t is not run]
+        for one in runs:  # the newest run is the newest tail too until the next one starts
+            active = set(one.devices()) - self.leaving
+            idle = [i for i in one.idle_devices() if i in active]
+            working = sorted(active - set(idle), reverse=True)
+            picks += idle + working[:-1] if working else idle[:-1]
+        return tuple(picks[:num]) if len(picks) >= num else None
+
+    def mark_leaving(self, indices: tuple[int, ...]) -> None:
+        """The devices a resize takes (`movable_to_train`) stop taking work now, before
+        its `stop_admission` runs: no other engine of their runs leaves counting on them."""
+        for index in indices:
+            if (holder := self._holder(index)) is not None:
+                holder.mark_leaving(self.state.devices[index])
+
+    def _holder(self, index: int) -> RolloutRun | None:
+        for run in (self.run, *self.tails):
+            if run is not None and index in run.held_devices():
+                return run
+        return None
+
+    async def stop_admission(self, device: Device) -> None:
+        self.leaving.add(device.index)
+        holder = self._holder(device.index)
+        if holder is not None:
+            self._stopped_in[device.index] = holder
+            await holder.stop_admission(device)
+
+    def requeue(self, device: Device, exported: list[Any]) -> None:
+        """A stopped device's requests go back to the run that held it (if it still runs;
+        else, with nothing exported, to the newest)."""
+        run = self._stopped_in.pop(device.index, None)
+        if run is None or not (run is self.run or self.is_tail(run)):
+            run = self.run
+        if run is not None:
+            run.requeue(device, exported)
+        else:
+            assert not exported, "requests in flight outside a rollout step"
+
+    def start_serving(self, device: Device) -> None:
+        """A device the resize loaded with `current_weights` joins the running rollout. If the
+        rollout loop moved on to a step that needs another version meanwhile (pipelined
+        rollouts: the next step's run may start while a resize loads weights), the device
+        first loads that version (`join_newest`), as an engine leaving a tail does."""
+        self.leaving.discard(device.index)
+        if device.index not in self.state.allocation.rollout:
+            self.serving_early.add(device.index)
+        self._serve(device, self._served_version)
+
+    def _serve(self, device: Device, version: int) -> None:
+        """`device`, loaded with `version`, joins the newest run (first loading its version
+        if that is another)."""
+        self.versions.set_loaded(device.index, version)
+        run = self.run
+        if run is None:
+            return
+        if version == run.version:
+            run.add_devices([device])
+        else:
+            self.join_newest(device)
+
+    def current_weights(self) -> tuple[int, WeightHandle]:
+        """The version a device joining the rollout loads: the running step's; between runs
+        the step the rollout loop is at, or, if training ran ahead and the store dropped that
+        one meanwhile, the newest (the next step's run loads its own on stale engines)."""
+        run, versions = self.run, self.state.versions
+        if run is not None:  # every run the loop holds carries its version
+            version = run.version
+        else:
+            version = min(self.state.rollout_version, versions.latest)
+            if not versions.has(version):
+                version = versions.latest
+        self._served_version = version
+        return version, versions.get(version)
+
+    def engine_gone(self, index: int) -> None:
+        """Device `index` holds no engine (a trainer reassigned to the rollout pool, or an
+        engine released): whichever run it joins loads weights first (`load_weights` builds
+        the engine), never submitting to it before."""
+        self.versions.gone(index)
+
+    def forget_moved(self, to_rollout: tuple[int, ...], to_train: tuple[int, ...] = ()) -> None:
+        """A resize ended (committed or rolled back): its devices are in their pools (a
+        rollback stops the devices it had brought to the rollout: those leave `leaving`
+        too)."""
+        moved = set(to_rollout) | set(to_train)
+        self.serving_early -= moved
+        self.leaving -= moved
+        for index in moved:
+            self._stopped_in.pop(index, None)
