@@ -6,7 +6,7 @@ joining the rollout (`current_weights`, `start_serving`) and the end of a resize
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.state import RunState
@@ -37,6 +37,9 @@ class ResizeHooks:
 
     def join_newest(self, device: Device) -> None:  # EnginePool's
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # EngineRescue's (a stub here would come first in EnginePool's MRO)
+        def rescue_tail(self, tail: RolloutRun, version: int, lost_index: int) -> None: ...
 
     def movable_to_train(self, num: int) -> tuple[int, ...] | None:
         """Staleness >= 2 (`Resizer.deep`): `num` rollout devices a resize may stop where they
@@ -79,14 +82,18 @@ class ResizeHooks:
 
     def requeue(self, device: Device, exported: list[Any]) -> None:
         """A stopped device's requests go back to the run that held it (if it still runs;
-        else, with nothing exported, to the newest)."""
+        else, with nothing exported, to the newest). A tail left with requests and no engine
+        (a resize that settled took its last one while the loop pipelined again) is rescued
+        as if that engine had died (`rescue_tail`)."""
         run = self._stopped_in.pop(device.index, None)
         if run is None or not (run is self.run or self.is_tail(run)):
             run = self.run
-        if run is not None:
-            run.requeue(device, exported)
-        else:
+        if run is None:
             assert not exported, "requests in flight outside a rollout step"
+            return
+        run.requeue(device, exported)
+        if self.is_tail(run) and run.remaining and not run.devices():
+            self.rescue_tail(run, run.version, device.index)
 
     def start_serving(self, device: Device) -> None:
         """A device the resize loaded with `current_weights` joins the running rollout. If the
