@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,21 +29,20 @@ def _default_out(kind: str) -> str:
 
 
 def _resume_config(args: argparse.Namespace) -> Config:
-    """The run's own config.toml plus `--set` overrides; refuse what a resume cannot change."""
-    from dynaresize.orchestrator.checkpoint_files import (
-        read_latest,
-        resume_overrides_ok,
-        started_without_checkpoint,
-    )
+    """The run's own config.toml plus `--set` overrides; refuse what a resume cannot change
+    (`config.resume`) and a `run.steps` the checkpoint already reached."""
+    from dynaresize.config.resume import check_more_steps, check_resume_config
+    from dynaresize.orchestrator.checkpoint_files import read_latest, started_without_checkpoint
 
     if args.config or args.out:
         raise UsageError("--resume DIR continues DIR with its own config.toml; "
                          "use --set to change e.g. allocation.num_train_devices")
     try:
-        read_latest(args.resume)
+        num_done = read_latest(args.resume)[1].num_steps
     except ValueError as exc:
         if not started_without_checkpoint(args.resume):  # else: it starts over
             raise UsageError(str(exc)) from None
+        num_done = 0
     path = Path(args.resume) / "config.toml"
     if not path.is_file():
         raise UsageError(f"--resume {args.resume}: no config.toml in that run directory (a "
@@ -50,8 +50,69 @@ def _resume_config(args: argparse.Namespace) -> Config:
     base = load_config(path, [], check_machine=False)
     cfg = load_config(path, args.set or [], check_machine=not args.address,
                       check_packages=not args.dry_run)
-    resume_overrides_ok(base, cfg)
+    check_resume_config(base, cfg)
+    check_more_steps(cfg.run.steps, num_done, args.resume)
     return cfg
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable_dir(flag: str, given: str, path: Path) -> None:
+    """UsageError unless `path` is a directory this process can create files in."""
+    if not path.is_dir():
+        raise UsageError(f"{flag} {given}: {path} is a file, not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {given}: directory {path} is not writable")
+
+
+def check_out_dir(flag: str, given: str, *, replaced: bool = False) -> None:
+    """An output directory (`--out DIR`), checked before any work: it must be an existing
+    writable directory or one that can be created (its nearest existing ancestor is a
+    writable directory). `replaced`: it is written beside itself and renamed into place
+    (`export`), so it must name a folder and its parent must be writable too. UsageError
+    names the flag, the path and what is wrong (one line)."""
+    try:
+        path = Path(given)
+        if not given.strip():
+            raise UsageError(f"{flag} {given!r}: give the path of a directory to write "
+                             "(e.g. out/run-1)")
+        if replaced and path.name in ("", ".", ".."):
+            raise UsageError(f"{flag} {given!r}: names no folder of its own (it is replaced; "
+                             "give e.g. out/model-hf)")
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{flag} {given}: exists and is not a directory (give a new "
+                             "or existing directory)")
+        if path.is_dir() and not replaced:
+            _writable_dir(flag, given, path)
+            return
+        _writable_dir(flag, given, _nearest_existing(path.absolute().parent))
+    except (OSError, ValueError) as exc:  # e.g. a name too long, a NUL byte
+        raise UsageError(f"{flag} {given!r}: not a usable path ({exc})") from None
+
+
+def check_out_file(flag: str, given: str, *, make_parents: bool = False) -> None:
+    """An output file (`--out FILE.json`), checked before any work: not a directory, its
+    directory existing and writable (`make_parents`: creatable). UsageError names the flag,
+    the path and what is wrong (one line)."""
+    try:
+        path = Path(given)
+        if not given.strip():
+            raise UsageError(f"{flag} {given!r}: give the path of a file to write")
+        if path.is_dir():
+            raise UsageError(f"{flag} {given}: is a directory (give a file path)")
+        parent = path.absolute().parent
+        if not make_parents and not parent.exists():
+            raise UsageError(f"{flag} {given}: directory {parent} does not exist")
+        _writable_dir(flag, given, _nearest_existing(parent))
+        if path.exists() and not os.access(path, os.W_OK):
+            raise UsageError(f"{flag} {given}: file is not writable")
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{flag} {given!r}: not a usable path ({exc})") from None
 
 
 def _check_task_data(cfg: Config) -> None:
@@ -78,6 +139,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.set or [], check_machine=not args.address,
                           check_packages=not args.dry_run)
     check_policy(cfg)
+    out = args.resume or args.out or _default_out("train")
+    if args.out or not args.dry_run:  # before the task's data and any process
+        check_out_dir("--resume" if args.resume else "--out", out)
     missing = missing_requirement(cfg.model.source) if cfg.model.source else None
     if not missing:
         _check_task_data(cfg)
@@ -87,7 +151,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"note: model.source = {toml_repr(cfg.model.source)} {missing}; a real run "
                   "needs it (the task's data was not checked)", file=sys.stderr)
         return 0
-    out = args.resume or args.out or _default_out("train")
     from dynaresize.app.runner import run_training
     from dynaresize.rollout.spec_stats import acceptance_line
 

@@ -61,6 +61,80 @@ def test_resume_refuses_changing_the_seed(tmp_path: Path,
     assert "run.seed" in err and "--resume" in err
 
 
+def make_checkpointed_run(root: Path, steps: int = 4, done: int = 2) -> Path:
+    """A run directory (config.toml, a checkpoint of `done` steps, summary.json) that
+    `train --resume` reads; no weights: only what the checks before any work look at."""
+    from dynaresize.config import load_config, to_toml
+
+    (root / "config.toml").write_text(to_toml(load_config(None, [f"run.steps={steps}"])))
+    step = root / "checkpoints" / f"step-{done:06d}"
+    (step / "train").mkdir(parents=True)
+    (step / "state.json").write_text(json.dumps(
+        {"num_steps": done, "seed": 0, "staleness": 1, "allocation": [], "weight_files": {},
+         "train_dir": "train"}))
+    (root / "checkpoints" / "latest").write_text(f"step-{done:06d}\n")
+    (root / "summary.json").write_text('{"steps": 2}\n')
+    return root
+
+
+@pytest.mark.parametrize(("override", "key", "old"), [
+    ("rollout.temperature=0.5", "rollout.temperature", "1.0"),
+    ("rollout.batch_invariant=false", "rollout.batch_invariant", "true"),
+    ("rollout.whole_prompt_prefill=true", "rollout.whole_prompt_prefill", "false"),
+    ("rollout.speculative.forward_rows=8", "rollout.speculative.forward_rows", "0"),
+    ("env.name='retry'", "env.name", "''"),
+    ("env.max_turns=3", "env.max_turns", "2"),
+    ("train.loss.aggregation='sequence'", "train.loss.aggregation", "'token'"),
+    ("train.dynamic_sampling.max_rounds=5", "train.dynamic_sampling.max_rounds", "3"),
+    ("task.max_new_tokens=20", "task.max_new_tokens", "40"),
+    ("run.staleness=0", "run.staleness", "1"),
+])
+def test_resume_refuses_what_changes_the_samples_or_the_update(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, key: str,
+        old: str) -> None:
+    run = make_checkpointed_run(tmp_path)
+    err = run_cli(capsys, "train", "--resume", str(run), "--dry-run", "--set", override)
+    new = override.split("=", 1)[1]
+    assert f"{key} = {new}: must stay {old}" in err and "--resume" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("override", [
+    "allocation.num_train_devices=3", "controller.policy='static'", "run.steps=6",
+    "rollout.max_running_requests=8", "rollout.tail_policy='spread'", "env.latency_s=0.5",
+    "rollout.speculative.max_draft_tokens=3", "output.progress='plain'",
+    "run.checkpoint_every=2"])
+def test_resume_may_change_speed_and_allocation(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                override: str) -> None:
+    run = make_checkpointed_run(tmp_path)
+    assert main(["train", "--resume", str(run), "--dry-run", "--set", override]) == 0
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_resume_with_no_steps_left_exits_2_before_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], steps: int) -> None:
+    run = make_checkpointed_run(tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    err = run_cli(capsys, "train", "--resume", str(run), "--set", f"run.steps={steps}")
+    assert f"run.steps = {steps}" in err and "already holds 2 steps" in err and "N > 2" in err
+    assert len(err.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_resume_point_refuses_a_run_with_no_steps_left(tmp_path: Path) -> None:
+    """`run_training(resume=True)` itself (the API) refuses before the run directory is
+    touched."""
+    from dynaresize.app.progress import Progress
+    from dynaresize.app.runner import _resume_point
+    from dynaresize.config import ConfigError, load_config
+
+    run = make_checkpointed_run(tmp_path)
+    cfg = load_config(None, ["run.steps=2"])
+    with pytest.raises(ConfigError, match="already holds 2 steps"):
+        _resume_point(cfg, run, True, Progress(2, "plain"))
+
+
 def test_bad_trace_names_line_and_field(tmp_path: Path) -> None:
     from dynaresize.sim.traces import load_trace
 

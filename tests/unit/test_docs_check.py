@@ -79,6 +79,7 @@ Records: `param_sha256`, `metrics.jsonl`, `RUN_DIR/export/version-V`, `out_dir/<
     ("`dynaresize simulate [--gpus N] [--polcy P]`", "has no option --polcy"),
     ("`dynaresize simulat --gpus 4`", "does not parse"),
     ("[the results](docs/result.md#x)", "the link's target does not exist"),
+    ("[the results](docs/results.md#no-such-section)", "no anchor #no-such-section"),
     ("`dynaresize train --set rollout.engin=vllm`", "--set rollout.engin: no such config key"),
     ("`dynaresize train [--set run.stepz=N]`", "--set run.stepz: no such config key"),
 ])
@@ -124,3 +125,26 @@ def test_removed_sections_and_code_blocks_are_not_code(checker: Checker) -> None
     text = "## Removed rules\n\n`OLD_CONSTANT` and `gone_function` were removed.\n\n## Next\n"
     assert _check(checker, text) == []
     assert _check(checker, "## Next\n\n`gone_function`\n")[0].line == 3
+
+
+def test_link_anchors_are_github_ids_or_html_anchors(tmp_path: Path) -> None:
+    """GitHub ignores `{#id}` on a heading: a link to it is dead; an `<a id>` before the
+    heading, or the heading's own GitHub id, is live."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(
+        "See [a](docs/x.md#real-arith), [b](docs/x.md#real-model-readmemd), "
+        "[c](docs/x.md#setup-1) and [d](#top).\n")
+    doc = tmp_path / "docs" / "x.md"
+    doc.write_text("# X\n\n## Real model: `README.md` {#real-arith}\n\n"
+                   "## Setup\n\n## Setup\n\n```\n## Not a heading\n```\n")
+    found = check_docs(tmp_path, run_commands=False)[0]
+    assert [f.cited for f in found] == ["docs/x.md#real-arith",
+                                        "docs/x.md#real-model-readmemd", "#top"]
+    assert "no anchor #real-arith in docs/x.md" in found[0].problem
+    doc.write_text("# X\n\n<a id=\"real-arith\"></a>\n## Real model: `README.md`"
+                   "\n\n## Setup\n\n## Setup\n")
+    (tmp_path / "README.md").write_text(
+        "<a id=\"top\"></a>\nSee [a](docs/x.md#real-arith), "
+        "[b](docs/x.md#real-model-readmemd), [c](docs/x.md#setup-1) and "
+        "[d](#top).\n")
+    assert check_docs(tmp_path, run_commands=False)[0] == []

@@ -69,12 +69,14 @@ def cmd_bench_resize(args: argparse.Namespace) -> int:
     from dynaresize.app.benchmarks.resize_latency import MODELS, NAIVE_MOVES, run_resize_bench
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    from dynaresize.cli import UsageError
+    from dynaresize.cli import UsageError, check_out_file
 
     if not models or any(m not in MODELS for m in models):
         raise UsageError(f"--models {args.models!r}: allowed {', '.join(MODELS)}")
     if args.repeats < 1:
         raise UsageError(f"--repeats {args.repeats}: must be >= 1")
+    if args.out is not None:  # before the benchmark, not after it
+        check_out_file("--out", args.out)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -96,10 +98,12 @@ def cmd_bench_resize(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_rollout(args: argparse.Namespace) -> int:
-    from dynaresize.cli import UsageError
+    from dynaresize.cli import UsageError, check_out_file
 
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    if args.write_results is not None:
+        check_out_file("--write-results", args.write_results, make_parents=True)
     from dynaresize.config import load_config
 
     # exit 2 before any work if vLLM is missing or cannot serve the model
@@ -122,6 +126,12 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
 def cmd_bench_chaos(args: argparse.Namespace) -> int:
     import time
 
+    from dynaresize.cli import UsageError
+
+    if args.trials < 1:
+        raise UsageError(f"--trials {args.trials}: must be >= 1")
+    if args.first_seed < 0:
+        raise UsageError(f"--first-seed {args.first_seed}: must be >= 0")
     from dynaresize.sim.chaos_campaign import Campaign, markdown
 
     campaign, rows, cpu0 = Campaign(), [], time.process_time()

@@ -17,7 +17,8 @@ not imported: `docs_index`) and the config schema:
 - `CamelCase`, `snake_case` (and `_private`) names, `ALL_CAPS`: defined or used in the code
   (identifiers or string literals: record keys, event kinds), a config key name or in a script;
 - CamelCase names and `.py` paths in unlabelled code blocks (diagrams) likewise;
-- markdown links `[text](target.md#anchor)`: the target file exists (relative to the doc).
+- markdown links `[text](target.md#anchor)`: the target file exists (relative to the doc) and
+  has the anchor: a heading's GitHub id or an `<a id="anchor"></a>` (`docs_anchors`).
 
 Plain lowercase words (`hysteresis`, `rollout`), maths and prose are not checked. Terms that
 look like code but are not are listed, each with its reason, in `NOT_CODE`.
@@ -32,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dynaresize.app.docs_anchors import markdown_anchors
 from dynaresize.app.docs_citations import citations
 from dynaresize.app.docs_index import (  # noqa: F401  (Citation, Finding re-exported)
     Citation,
@@ -94,16 +96,14 @@ class Checker:
         self.sections = config_sections()
         self.key_names = config_field_names()
         self.counts: Counter[str] = Counter()
+        self.anchors: dict[Path, set[str]] = {}
 
     def check(self, c: Citation) -> list[Finding]:
         """The findings of one citation (none if it holds or is not checked)."""
         if c.kind == "diagram":
             return self._code_name(c, c.text)
         if c.kind == "link":
-            self.counts["link"] += 1
-            if (self.root / Path(c.path).parent / c.text).exists():
-                return []
-            return self._finding(c, "the link's target does not exist (relative to the doc)")
+            return self._link(c)
         if c.kind == "code" or c.text in NOT_CODE:
             return []
         s = c.text
@@ -124,6 +124,25 @@ class Checker:
         if DOTTED.match(s) or NAME.match(s):
             return self._code_name(c, s)
         return []
+
+    def _link(self, c: Citation) -> list[Finding]:
+        """A markdown link: its file exists (relative to the doc; none: the doc itself) and
+        a `#anchor` in it is a heading's GitHub id or an `<a id=...>` of that file."""
+        self.counts["link"] += 1
+        target, _, anchor = c.text.partition("#")
+        file = self.root / Path(c.path).parent / target if target else self.root / c.path
+        if not file.exists():
+            return self._finding(c, "the link's target does not exist (relative to the doc)")
+        if not anchor or file.suffix != ".md" or anchor in self._anchors(file):
+            return []
+        return self._finding(c, f"no anchor #{anchor} in {target or c.path} (a heading's "
+                                "GitHub id, or <a id=\"...\"></a> before the heading; GitHub "
+                                "ignores {#id})")
+
+    def _anchors(self, file: Path) -> set[str]:
+        if file not in self.anchors:
+            self.anchors[file] = markdown_anchors(file.read_text(encoding="utf-8"))
+        return self.anchors[file]
 
     def _finding(self, c: Citation, problem: str, cited: str | None = None) -> list[Finding]:
         return [Finding(c.path, c.line, cited or c.text, problem)]

@@ -50,9 +50,10 @@ def citations(path: str, text: str) -> list[Citation]:
         carry = ""
         for m in re.finditer(r"`([^`]+)`", joined):
             out.append(Citation(path, start, m.group(1).strip(), joined[m.end():]))
-        for m in re.finditer(r"\]\(([^)\s#]+)(#[^)\s]*)?\)", re.sub(r"`[^`]*`", "", joined)):
-            if "://" not in m.group(1):
-                out.append(Citation(path, start, m.group(1), kind="link"))
+        for m in re.finditer(r"\]\(([^)\s#]*)(#[^)\s]*)?\)", re.sub(r"`[^`]*`", "", joined)):
+            if "://" not in m.group(1) and (m.group(1) or m.group(2)):
+                out.append(Citation(path, start, m.group(1) + (m.group(2) or ""),
+                                    kind="link"))
     return out
 
 

@@ -130,6 +130,21 @@ def latest_complete(out: Path) -> int:
         return 0
 
 
+def _resume(out: Path, steps: int, resumed_from: int, log: Path, timeout_s: float
+            ) -> int | str:
+    """`dynaresize train --resume out`'s exit code ("timeout" if it ran past `timeout_s`, at
+    least 60 s). A run whose checkpoint holds every step and whose summary.json exists (the
+    driver finished before the kill) has nothing to resume: 0 (a resume would exit 2)."""
+    if resumed_from >= steps:
+        return 0 if (out / "summary.json").is_file() else "done, no summary.json"
+    proc = start(train_cmd([], out, resume=True), log)
+    try:
+        return proc.wait(timeout=max(60.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return "timeout"
+
+
 def trial(sets: list[str], steps: int, out: Path, reference: Path, after_steps: int,
           delay_s: float, timeout_s: float = 540.0, after_checkpoint: int = 0
           ) -> dict[str, Any]:
@@ -142,12 +157,7 @@ def trial(sets: list[str], steps: int, out: Path, reference: Path, after_steps: 
                            timeout_s, after_checkpoint))
     row["resumed_from"] = resumed_from = latest_complete(out)
     row["recomputed_steps"] = max(0, row["steps_at_kill"] - resumed_from)
-    proc = start(train_cmd(sets, out, resume=True), log)
-    try:
-        row["resume_rc"] = proc.wait(timeout=max(60.0, timeout_s - (time.monotonic() - t0)))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        row["resume_rc"] = "timeout"
+    row["resume_rc"] = _resume(out, steps, resumed_from, log, timeout_s - (time.monotonic() - t0))
     if row["resume_rc"] == 0:
         row.update(compare(out, reference, steps))
     row["survived"] = row["resume_rc"] == 0 and row.get("metrics_ok", False) and \

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynaresize.app.progress import Progress
 from dynaresize.config import Config, to_toml
+from dynaresize.config.resume import check_more_steps
 from dynaresize.core.allocation import Allocation
 from dynaresize.core.rundir import RunDir
 from dynaresize.protocols import RealClock
@@ -169,6 +170,7 @@ def _resume_point(cfg: Config, out_dir: str | Path | None, resume: bool,
         progress.message(f"{out_dir}: no checkpoint yet: the run starts over from step 0")
         return cfg, None
     resume_from = read_latest(out_dir, progress.message)
+    check_more_steps(cfg.run.steps, resume_from[1].num_steps, out_dir)  # keep the run as is
     return _without_done_schedule(cfg, resume_from[1].num_steps), resume_from
 
 

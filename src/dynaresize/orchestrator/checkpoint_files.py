@@ -19,7 +19,8 @@ Version K (the training state after K optimizer steps) is rebuilt on resume from
 and published again; version K-1 comes from its weight file; version 0 needs none.
 
 Resume (`dynaresize train --resume DIR`): the run's config.toml plus `--set` overrides (the
-number of devices may change; seed, staleness, model, task and train settings may not), the
+number of devices may change; what changes the samples or the update may not:
+`config.resume.FROZEN_ON_RESUME`), the
 trainers load the DCP state into their new sharding, the run directory drops the records of
 steps >= K and appends.
 """
@@ -30,24 +31,18 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from dynaresize.config import Config
+from typing import Any
 
 from dynaresize.core.rundir import CheckpointWriteError
 
 __all__ = ["CheckpointWriteError", "CheckpointState", "read_latest", "read_checkpoint",
-           "manifest", "checkpoint_dir", "resume_overrides_ok",
-           "started_without_checkpoint"]
+           "manifest", "checkpoint_dir", "started_without_checkpoint"]
 
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "state.json"
-FROZEN_SECTIONS = ("model", "task", "train")
-FROZEN_KEYS = ("run.seed", "run.staleness")
 """What a resume may not change: it would change the samples or the update (design §2)."""
 
 
@@ -172,18 +167,3 @@ def read_latest(run_dir: str | os.PathLike[str], warn: Callable[[str], None] | N
                  f"resuming from {path.name}")
         return path, state
     raise ValueError("; ".join(problems) if problems else f"{root / CKPT_DIR}: no checkpoint")
-
-
-def resume_overrides_ok(base: Config, resumed: Config) -> None:
-    """Refuse overrides that would change the samples or the update (ConfigError)."""
-    from dynaresize.config import ConfigError
-
-    for sec in FROZEN_SECTIONS:
-        if asdict(getattr(base, sec)) != asdict(getattr(resumed, sec)):
-            raise ConfigError(sec, "changed on --resume",
-                              "model, task and train settings must stay as in the run")
-    for key in FROZEN_KEYS:
-        sec, name = key.split(".")
-        if getattr(getattr(base, sec), name) != getattr(getattr(resumed, sec), name):
-            raise ConfigError(key, getattr(getattr(resumed, sec), name),
-                              f"must stay {getattr(getattr(base, sec), name)!r} on --resume")

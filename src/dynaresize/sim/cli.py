@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dynaresize.cli import UsageError
+from dynaresize.cli import UsageError, check_out_dir, check_out_file
 from dynaresize.sim.cli_config import check_run_dir, twin_faults, twin_speculation
 
 TABLE_COLUMNS = (("policy", "policy", "{}"), ("split", "split R/T", "{}"),
@@ -81,9 +81,15 @@ def format_table(out: dict[str, Any]) -> str:
 def _policies(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
-    names = tuple(p.strip() for p in text.split(",") if p.strip())
-    if not names:
+    names = tuple(p.strip() for p in text.split(","))
+    if not any(names):
         raise UsageError(f"--policy {text!r}: give a comma-separated list of policies")
+    if "" in names:
+        raise UsageError(f"--policy {text!r}: an empty policy name (give names separated by "
+                         "single commas, e.g. static,hysteresis)")
+    twice = next((p for i, p in enumerate(names) if p in names[:i]), None)
+    if twice is not None:
+        raise UsageError(f"--policy {text!r}: {twice!r} is given twice (each policy once)")
     return names
 
 
@@ -105,6 +111,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers {args.workers}: must be >= 1")
     if args.requests_per_step is not None and args.requests_per_step < 1:
         raise UsageError(f"--requests-per-step {args.requests_per_step}: must be >= 1")
+    if args.seed < 0:
+        raise UsageError(f"--seed {args.seed}: must be >= 0")
+    if args.out is not None:
+        check_out_dir("--out", args.out)
     try:
         costs: Any = args.cost_model
         if args.calibration:
@@ -158,11 +168,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError("calibrate: give RUN_DIR (a `dynaresize train --out` directory) or "
                          "--episodes SUMMARY.json")
     check_run_dir(args.run_dir, "calibrate")
+    path = Path(args.out) if args.out else Path(args.run_dir) / "calibration.json"
+    check_out_file("--out", str(path))
     try:
         fit = calibrate(args.run_dir)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    path = Path(args.out) if args.out else Path(args.run_dir) / "calibration.json"
     write_calibration(fit, path)
     for key, value in fit["fitted"].items():
         print(f"{key:28s} {value:.6g}")

@@ -4,7 +4,8 @@ Faults: `simulate --config FILE.toml` takes the file's `[faults]` table (`[[faul
 entries, as `dynaresize train` does) and `run.checkpoint_every`; `--set KEY=VALUE` sets those
 keys (e.g. `--set "faults.kill=[{device=900, step=1, at='train'}]"`). Other sections of the file
 are ignored (the flags describe the twin's run), other `--set` keys refused. Speculation: the
-flag, else `--set sim.speculation=...`, else the file's `[sim] speculation`. A bad value raises
+flag, else `--set sim.speculation=...`, else the file's `[sim] speculation` (the only key of
+`[sim]`; another one is refused, from the file as from `--set`). A bad value raises
 `ConfigError` naming its field (exit code 2 from the CLI).
 """
 
@@ -75,29 +76,42 @@ def check_run_dir(run_dir: str, what: str) -> None:
                          "`dynaresize train --out DIR` run directory has one)")
 
 
-def twin_speculation(flag: str | None, path: str | None, sets: list[str]) -> str | None:
-    """The speculation switch: `--speculation`, else `--set sim.speculation=...`, else the
-    `--config` file's `[sim] speculation` (default: off)."""
+def _file_speculation(path: str) -> Any:
+    """The `--config` file's `[sim] speculation` (None if absent); any other key of `[sim]`
+    raises ConfigError naming it and the file, as `--set sim.KEY=...` does."""
     import tomllib
 
+    from dynaresize.config.schema import ConfigError
+
+    try:
+        table = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("sim", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # twin_faults names the problem
+    if not isinstance(table, dict):
+        raise ConfigError("sim", table, "must be a table of keys (speculation)", path)
+    for key, got in table.items():
+        if key != "speculation":
+            raise ConfigError(f"sim.{key}", got, "unknown key: the twin's own key is "
+                              "sim.speculation", path)
+    return table.get("speculation")
+
+
+def twin_speculation(flag: str | None, path: str | None, sets: list[str]) -> str | None:
+    """The speculation switch: `--speculation`, else `--set sim.speculation=...`, else the
+    `--config` file's `[sim] speculation` (default: off). The file's `[sim]` table
+    and `--set sim.*` are checked whichever wins."""
     from dynaresize.config import parse_override
     from dynaresize.config.schema import ConfigError
 
-    if flag is not None:
-        return flag
-    value: Any = None
-    if path is not None:
-        try:
-            table = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("sim", {})
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-            table = {}  # twin_faults names the problem
-        value = table.get("speculation") if isinstance(table, dict) else None
+    value = _file_speculation(path) if path is not None else None
     for text in sets:
         key, got = parse_override(text)
         if key.startswith("sim."):
             if key != "sim.speculation":
                 raise ConfigError("--set", text, "the twin's own key is sim.speculation")
             value = got
+    if flag is not None:
+        return flag
     if value is not None and not isinstance(value, str):
         raise ConfigError("sim.speculation", value, "off, das or a JSON histogram file")
     return value

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dynaresize.cli import UsageError
+from dynaresize.cli import UsageError, check_out_file
 
 EPISODE_PRESETS = ("agentic-turns",)
 
@@ -83,11 +83,12 @@ def cmd_calibrate_episodes(args: argparse.Namespace) -> int:
         summary = summary["summary"]  # bench/agentic_turns.py's file
     if not isinstance(summary, dict):
         raise UsageError(f"--episodes {path}: expected a JSON object (a timing summary)")
+    out = Path(args.out) if args.out else path.with_name(path.stem + ".episode_model.json")
+    check_out_file("--out", str(out))
     try:
         model = episode_model_from_summary(summary, args.max_turns, source=str(path))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    out = Path(args.out) if args.out else path.with_name(path.stem + ".episode_model.json")
     out.write_text(json.dumps({"episode_model": model.to_json(),
                                "continue_probability": model.continue_probability()},
                               indent=2) + "\n")
