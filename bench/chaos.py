@@ -3,7 +3,7 @@ against the fault-free run of its variant (`dynaresize.sim.chaos`).
 
     python bench/chaos.py [--trials 300] [--first-seed 0] [--json FILE] [--write docs/results.md]
 
-Each trial draws (from its seed) a variant (policy static/hysteresis, staleness 0/1,
+Each trial draws (from its seed) a variant (policy static/hysteresis, staleness 0/1/2,
 checkpoint every 0/1/2 steps, a forced resize or none; 4 steps of dapo-7b, 64 prompts x 4) and
 1-3 deaths: the phase (rollout, streamed training, optimizer step, weight sync, resize op,
 checkpoint save), the n-th call of that phase's device ops, a delay, the victim; a second or

@@ -82,7 +82,7 @@ def draw_variant(rng: np.random.Generator, phase: str) -> Variant:
     resize = ""
     if phase == "resize" or (phase != "stream" and rng.random() < 0.25):
         resize = str(rng.choice(["rollout->train", "train->rollout"]))
-    return Variant(policy, int(rng.integers(0, 2)), every, resize)
+    return Variant(policy, int(rng.integers(0, 3)), every, resize)  # staleness 0, 1 or 2
 
 
 def draw_trial(seed: int, calls: Any) -> Trial:

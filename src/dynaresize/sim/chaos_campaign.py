@@ -119,9 +119,12 @@ def markdown(rows: list[dict[str, Any]], cpu_s: float) -> str:
     t = table(rows)
     lines.append("| **all** | " + " | ".join(f"**{t[c]}**" for c in COLS) + " |")
     overlap = sum(any(d["after"] is not None for d in r["deaths"]) for r in rows)
+    by_s = ", ".join(f"{sum(r['staleness'] == s for r in rows)} at staleness {s}"
+                     for s in sorted({r["staleness"] for r in rows}))
     return "\n".join([
         f"`python bench/chaos.py --trials {len(rows)}` (1024 simulated GPUs, 896 rollout / "
-        f"128 train, 4 steps; {cpu_s:.0f} s of CPU on one core, shared machine).",
+        f"128 train, 4 steps; trials {by_s}; {cpu_s:.0f} s of CPU on one core, shared "
+        "machine).",
         "", *lines, "",
         f"{overlap} trials had a death inside the recovery of another. `lost`/`duplicated`/"
         "`wrong_version`/`changed`: samples missing, recorded twice, with another version or "
