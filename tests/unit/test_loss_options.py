@@ -24,6 +24,7 @@ from dynaresize.train.forward import (
     loss_denominator,
     loss_spec,
     micro_batch_loss,
+    padding_micro_batch,
     row_weights,
 )
 from dynaresize.train.grpo import (
@@ -136,6 +137,17 @@ def test_sequence_aggregation_is_the_mean_of_sequence_means() -> None:
         loss_sum, stats = micro_batch_loss(model, None, samples, spec, torch.device("cpu"))
         got = float(loss_sum.detach()) / loss_denominator(stats, spec)
         assert got == pytest.approx(value, rel=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence", "group", "constant"])
+def test_a_padding_round_runs_under_every_aggregation(aggregation: str) -> None:
+    """A rank with fewer micro-batches than its peers runs `padding_micro_batch` (weight 0)
+    so the collectives line up: it must run whatever the aggregation ('group' raised, so a
+    step trained on one trainer and failed on two)."""
+    spec = LossSpec(0.2, 0.0, aggregation=aggregation, max_new_tokens=4)
+    loss_sum, _ = micro_batch_loss(FixedLogits(2), None, padding_micro_batch(), spec,
+                                   torch.device("cpu"))
+    assert math.isfinite(float(loss_sum.detach()))
 
 
 def test_entropy_bonus_lowers_the_loss_by_coef_times_entropy() -> None:

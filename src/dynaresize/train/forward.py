@@ -93,9 +93,12 @@ def loss_denominator(stats: torch.Tensor, spec: LossSpec) -> int:
 
 
 def padding_micro_batch() -> MicroBatch:
-    """One 1-token sample: run with loss weight 0 so a rank's collectives line up."""
+    """One 1-token sample: run with loss weight 0 so a rank's collectives line up. It is a
+    group of its own (`group_tokens` 1), so every aggregation weighs it (by 0) without
+    error: with 'group' a rank with a padding round used to raise, so a step trained on one
+    trainer and failed on two."""
     return [TrainSample(step=-1, prompt=-1, sample=-1, prompt_tokens=[0], response_tokens=[0],
-                        behavior_logprobs=[0.0], advantage=0.0, reward=0.0)]
+                        behavior_logprobs=[0.0], advantage=0.0, reward=0.0, group_tokens=1)]
 
 
 def logprobs_of(model: nn.Module, batch: PackedBatch, temperature: float,
