@@ -76,6 +76,32 @@ def test_holdings_forget_what_departed_devices_held() -> None:
     assert h.todo([0, 1, 2, 3]) == [0, 2, 3]
 
 
+def test_holdings_forget_what_a_device_held_before_it_left_training_and_came_back() -> None:
+    # device 5 accumulated micro-batch 0, then two resizes between sessions took it to the
+    # rollout and back: its trainer is new and holds nothing (its tenure went 0 -> 1)
+    h = Holdings()
+    h.drop_devices([4, 5], {})
+    h.hold(0, 5)
+    h.hold(1, 4)
+    assert h.drop_devices([4, 5], {5: 1}) == [0]
+    assert h.todo([0, 1]) == [0]
+    h.hold(0, 5)  # accumulated again in its new tenure: kept
+    assert h.drop_devices([4, 5], {5: 1}) == []
+
+
+def test_a_resize_that_brings_a_device_back_to_training_counts_a_new_tenure() -> None:
+    from dynaresize.core.allocation import Allocation
+    from dynaresize.core.types import Role
+    from dynaresize.orchestrator.state import RunState
+
+    state = RunState([], Allocation.initial(2, 2), 0)  # rollout 0, 1; train 2, 3
+    swapped = state.allocation.with_roles({2: Role.ROLLOUT, 1: Role.TRAIN})
+    state.commit_allocation(swapped)
+    assert state.train_tenure == {1: 1}
+    state.commit_allocation(swapped.with_roles({2: Role.TRAIN}))  # 2 comes back
+    assert state.train_tenure == {1: 1, 2: 1}
+
+
 def test_remaining_work_counts_tokens_not_micro_batches() -> None:
     # prompt 0's group is short, prompt 1's long: with prompt 0's micro-batch trained, half
     # the micro-batches but far less than half the tokens are done

@@ -22,7 +22,7 @@ which training rank holds each accumulated micro-batch (`Holdings`). No asyncio,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dynaresize.core.advantages import AdvantageSpec
@@ -235,14 +235,37 @@ class Holdings:
 
     held_by: dict[int, int] = field(default_factory=dict)
     """micro-batch index -> device index."""
+    tenure: dict[int, int] = field(default_factory=dict)
+    """Trainer -> how many times it joined training (`RunState.train_tenure`), as of the
+    last `drop_devices`: a device that left training and came back between two sessions
+    holds nothing any more (its trainer is new), though it trains again."""
+    held_in: dict[int, int] = field(default_factory=dict)
+    """micro-batch index -> its holder's tenure when it was held."""
 
-    def drop_devices(self, live: Iterable[int]) -> list[int]:
-        """Forget what devices no longer training held (it is recomputed); returns those m."""
+    def hold(self, m: int, device: int) -> None:
+        """`device` accumulated micro-batch `m`'s gradient and holds it."""
+        self.held_by[m] = device
+        self.held_in[m] = self.tenure.get(device, 0)
+
+    def drop_devices(self, live: Iterable[int], tenure: Mapping[int, int] | None = None
+                     ) -> list[int]:
+        """Forget what devices no longer training held, or held before they left training
+        and came back (`tenure`: the trainers' tenures now); it is recomputed. Returns those
+        m."""
+        if tenure is not None:
+            self.tenure = dict(tenure)
         keep = set(live)
-        lost = [m for m, d in self.held_by.items() if d not in keep]
+        lost = [m for m, d in self.held_by.items()
+                if d not in keep or self.held_in.get(m, 0) != self.tenure.get(d, 0)]
         for m in lost:
             del self.held_by[m]
+            self.held_in.pop(m, None)
         return lost
+
+    def clear(self) -> None:
+        """The step's optimizer step ran: nothing is held."""
+        self.held_by.clear()
+        self.held_in.clear()
 
     def todo(self, ready: Sequence[int]) -> list[int]:
         return [m for m in ready if m not in self.held_by]

@@ -64,6 +64,9 @@ class RunState:
         self.devices = list(devices)
         self.versions = VersionStore(keep=staleness + 1)
         self.allocation = allocation
+        self.train_tenure: dict[int, int] = {}
+        """Device -> how many times it joined the training pool after the start (a streamed
+        step's held gradients stay with the tenure they were accumulated in)."""
         self.start_step = start_step
         """The first step this run executes (the checkpoint's, on resume)."""
         self.step = 0
@@ -106,6 +109,8 @@ class RunState:
 
     def commit_allocation(self, allocation: Allocation) -> None:
         """A resize committed (the resizer, at the optimizer-step boundary)."""
+        for index in set(allocation.train) - set(self.allocation.train):
+            self.train_tenure[index] = self.train_tenure.get(index, 0) + 1
         self.allocation = allocation
 
     def fence(self, index: int) -> None:

@@ -183,7 +183,7 @@ class _Session:
         self.ends_s.pop(device.index, None)
         if rate is not None:
             rate.add(t1 - t0, tokens)
-        self.holdings.held_by[m] = device.index
+        self.holdings.hold(m, device.index)
         self.busy_s += t1 - t0
         self.rundir.event(t0, t1, device.index, "train", critical=True, step=self.step)
 
@@ -219,7 +219,7 @@ class StreamTrainer:
                 if stop():
                     break
                 trainers = self.state.train_devices()
-                holdings.drop_devices(d.index for d in trainers)
+                holdings.drop_devices((d.index for d in trainers), self.state.train_tenure)
                 device_s += await train_session(self.clock, self.rundir, step, stream,
                                                 holdings, trainers, self.changed,
                                                 boundary.resize_waits, rate)
@@ -230,7 +230,7 @@ class StreamTrainer:
                      ) -> tuple[list[dict[str, float]], float, list[Any], float]:
         """Under the train lock: recompute what left with departed devices, then the optimizer
         step and the weight gather. Returns (stats, time training ended, handles, device-s)."""
-        holdings.drop_devices(d.index for d in trainers)
+        holdings.drop_devices((d.index for d in trainers), self.state.train_tenure)
         device_s = await train_session(self.clock, self.rundir, step, stream, holdings,
                                        trainers, asyncio.Event(), lambda: False)
         t0 = self.clock.now()
@@ -243,5 +243,5 @@ class StreamTrainer:
         for d in trainers:
             self.rundir.event(t0, t1, d.index, "train", critical=True, step=step)
         handles = list(await asyncio.gather(*(d.publish_weights(step + 1) for d in trainers)))
-        holdings.held_by.clear()
+        holdings.clear()
         return stats, t1, handles, device_s + (t1 - t0) * len(trainers)
