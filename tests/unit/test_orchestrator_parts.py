@@ -159,3 +159,27 @@ def test_a_device_joining_between_runs_loads_the_loops_version_or_the_newest_kep
         return got
 
     assert asyncio.run(scenario()) == [1, 3, 2]
+
+
+def test_summary_rates_count_only_the_steps_this_process_trained() -> None:
+    # a run resumed at step 2 keeps steps 0-1's records; its 10 s trained steps 2 and 3
+    from types import SimpleNamespace
+
+    from dynaresize.core.allocation import Allocation
+    from dynaresize.orchestrator.state import RunState
+    from dynaresize.orchestrator.summary import run_summary
+
+    class Trainer:
+        async def param_checksum(self) -> tuple[float, str]:
+            return 1.0, "sha"
+
+    state = RunState([Trainer(), Trainer()], Allocation.initial(1, 1), start_step=2)
+    state.step_trained(None, 10.0)  # type: ignore[arg-type]
+    written: list[dict] = []
+    rundir = SimpleNamespace(metrics=[{"step": s, "tokens": 100, "reward_mean": 0.5}
+                                      for s in range(4)], events=[], summary=written.append)
+    resizer = SimpleNamespace(reports=[], skipped=[])
+    got = asyncio.run(run_summary(state, resizer, None, rundir, 8))  # type: ignore[arg-type]
+    assert got["steps"] == 4 and got["wall_s"] == 10.0
+    assert got["samples_per_s"] == 2 * 8 / 10 and got["tokens_per_s"] == 200 / 10
+    assert written == [got]

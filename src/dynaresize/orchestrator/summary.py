@@ -16,15 +16,18 @@ async def run_summary(state: RunState, resizer: Resizer, clock: Clock, rundir: R
                       global_batch_size: int, extra: dict[str, Any] | None = None
                       ) -> dict[str, Any]:
     """Checksums of the final weights (every trainer holds them) and the run's figures
-    (and `extra`'s); written to the run directory and returned."""
+    (and `extra`'s); written to the run directory and returned. The rates are over the
+    steps this process trained (a resumed run: those after its checkpoint, whose records
+    the run directory kept), the steps count all."""
     trainers = state.train_devices()
     sums = await asyncio.gather(*(d.param_checksum() for d in trainers))
     param_sum, param_sha = sums[0]
     end_s = state.train_end_s[-1] if state.train_end_s else clock.now()
     wall_s = end_s - state.t_start_s
     metrics = rundir.metrics
-    total_tokens = sum(m["tokens"] for m in metrics)
-    num_samples = len(metrics) * global_batch_size
+    trained = [m for m in metrics if m["step"] >= state.start_step]
+    total_tokens = sum(m["tokens"] for m in trained)
+    num_samples = len(trained) * global_batch_size
     num_resizes = sum(r.ok for r in resizer.reports)
     summary = {
         "wall_s": round(wall_s, 4), "steps": len(metrics),
