@@ -153,3 +153,60 @@ def test_disk_full_during_a_save_stops_and_keeps_the_last(tmp_path: Path, where:
         state = json.loads((checkpoint_dir(tmp_path, k) / "state.json").read_text())
         assert state["num_steps"] == k
     assert not (checkpoint_dir(tmp_path, 3) / "state.json").exists()
+
+
+def test_a_run_failing_right_after_a_checkpoint_step_still_completes_that_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's part of a checkpoint (weight files, state.json, `latest`) runs in the
+    background after the trainers saved their shards; a run that fails meanwhile used to
+    drop it, so `latest` stayed on the checkpoint before and --resume redid those steps."""
+    import asyncio
+
+    import dynaresize.orchestrator.checkpoint as checkpoint_module
+    from dynaresize.config import to_toml, validate
+    from dynaresize.core.rundir import RunDir
+    from dynaresize.orchestrator import Orchestrator
+    from dynaresize.orchestrator.checkpoint import CheckpointTarget
+    from dynaresize.sim.clock import VirtualClock
+    from dynaresize.sim.costs import get_cost_model
+    from dynaresize.sim.device import SimDevice, make_devices
+    from dynaresize.sim.faults import SimProcesses
+    from dynaresize.sim.harness import SimPromptSource, SimWeightIO, sim_config
+    from dynaresize.sim.workloads import get_workload
+
+    save = SimDevice.save_checkpoint
+
+    async def save_with_dir(device: SimDevice, path: str) -> Any:
+        Path(path).mkdir(parents=True, exist_ok=True)  # the twin writes no shard files
+        return await save(device, path)
+
+    async def slow_file_work(fn: Any, *args: Any) -> Any:  # live: seconds of torch.save
+        await asyncio.sleep(5.0)
+        return fn(*args)
+
+    class Stop(RuntimeError):
+        pass
+
+    def on_step(record: dict[str, Any]) -> None:
+        if record["step"] == 3:  # the checkpoint after step 3 (4 steps) was just saved
+            raise Stop("the run fails right after a checkpoint step")
+
+    monkeypatch.setattr(SimDevice, "save_checkpoint", save_with_dir)
+    monkeypatch.setattr(checkpoint_module.asyncio, "to_thread", slow_file_work)
+    costs = get_cost_model("h100-7b")
+    workload = get_workload("dapo-7b", seed=0, prompts_per_step=16, samples_per_prompt=4)
+    cfg = sim_config(workload, 5, 3, 6, 1, 0, costs)
+    cfg.run.checkpoint_every = 2
+    validate(cfg, check_machine=False)
+    clock = VirtualClock()
+    rundir = RunDir(tmp_path)
+    rundir.write_config(to_toml(cfg))
+    orch = Orchestrator(cfg, make_devices(cfg.num_devices, 5, costs, workload, clock,
+                                          SimProcesses()),
+                        clock, SimPromptSource(workload), rundir, on_step=on_step,
+                        checkpoints=CheckpointTarget(tmp_path, 2, SimWeightIO()))
+    with pytest.raises(Stop):
+        clock.run(orch.run())
+    rundir.close()
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000004"
+    assert (tmp_path / "checkpoints" / "step-000004" / "state.json").is_file()

@@ -82,6 +82,9 @@ class Checkpointer:
         self.num_saved = 0
         self.last_complete = ""
         """The newest checkpoint written whole by this run ('' if none yet)."""
+        self._latest_steps = -1
+        """The steps of the checkpoint `latest` names (two background writes may overlap:
+        an older one ending last must not move it back)."""
         self._pending: list[asyncio.Future[None]] = []
 
     def due(self, num_steps: int) -> bool:
@@ -127,10 +130,13 @@ class Checkpointer:
             file = path / STATE_FILE
             _write_atomic(file, json.dumps(asdict(state), indent=2) + "\n")
             file = self.run_dir / CKPT_DIR / LATEST
-            _write_atomic(file, path.name + "\n")
+            if state.num_steps > self._latest_steps:
+                _write_atomic(file, path.name + "\n")
+                self._latest_steps = state.num_steps
         except OSError as exc:  # e.g. ENOSPC: `latest` still names the last complete one
             raise self.write_error(state.num_steps, exc, file) from exc
-        self.last_complete = path.name
+        if state.num_steps == self._latest_steps:
+            self.last_complete = path.name
         self.num_saved += 1
 
     def write_error(self, num_steps: int, exc: BaseException,
@@ -160,7 +166,7 @@ class Checkpointer:
         the next rollouts need, for the train loop to publish: K - 1 from its file (staleness
         1), K from the loaded trainers."""
         k = state.num_steps
-        self.last_complete = path.name
+        self.last_complete, self._latest_steps = path.name, k
         t0 = self.clock.now()
         trainers = self.state.train_devices()
         await asyncio.gather(*(d.load_checkpoint(str(path / state.train_dir), k)

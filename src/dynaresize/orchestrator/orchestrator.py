@@ -181,6 +181,9 @@ class Orchestrator:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # a checkpoint whose shards are saved still gets its state.json and `latest`, so
+            # `--resume` starts from it (its own write error, if any, is not the run's)
+            await asyncio.gather(self.checkpointer.drain(), return_exceptions=True)
             raise
         await self.checkpointer.drain()
         return await run_summary(state, self.resizer, clock, self.rundir,
