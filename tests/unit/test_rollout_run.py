@@ -390,3 +390,40 @@ def test_work_handed_back_beyond_the_engines_slots_makes_the_run_not_drained() -
         return seen
 
     assert asyncio.run(main()) == [True, False, True]
+
+
+class SlowDying(FakeEngine):
+    """Its first run_rollout returns only once `release` is set (a result in transit)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def run_rollout(self, max_s: float, until_empty: bool = False):
+        self.entered.set()
+        await self.release.wait()
+        return await super().run_rollout(max_s)
+
+
+def test_a_dropped_device_result_in_transit_is_not_counted_twice() -> None:
+    # recovery fences a device while its run_rollout call is awaited: its requests rerun on
+    # another engine, and the result that arrives later must not complete them twice
+    async def main():
+        dying, healthy = SlowDying(0), FakeEngine(1)
+        reqs = [s for s in specs(8) if s.max_new_tokens == 1][:2]
+        run = RolloutRun(RealClock(), reqs, RunSettings(0, 4, 1.0), on_completions=lambda c: None,
+                         on_device_lost=lambda device, exc: True)
+        run.add_devices([dying])
+        await dying.entered.wait()
+        run.add_devices([healthy])
+        run.drop_lost(dying, RuntimeError("device 0 died"))   # its requests rerun on 1
+        await asyncio.sleep(0.05)
+        dying.release.set()                                     # the old result arrives
+        await asyncio.wait_for(run.wait(), 5)
+        return run, reqs
+
+    run, reqs = asyncio.run(main())
+    keys = [c.spec.key for c in run.completions]
+    assert sorted(keys) == sorted(r.key for r in reqs), keys
+    assert run.remaining == 0, run.remaining

@@ -294,6 +294,8 @@ class RolloutRun(RequestMoves):
             else:
                 completions = await device.run_rollout(slice_s)
             span[1] = clock.now()
+            if slot.lost:  # fenced while the call ran: its requests rerun elsewhere already
+                return
             self._sliced(t_slice, span[1])
             if completions and self._completed(slot, completions):
                 return

@@ -43,6 +43,8 @@ class EngineSlot:
         """Submitted to the device and not completed: what reruns elsewhere if it dies."""
         self.wake = asyncio.Event()
         self.leaving = False
+        self.lost = False
+        """Its device died (`lose`): what it returns from now on was already rerun."""
         self.task: asyncio.Task[None] | None = None
 
     @property
@@ -76,7 +78,7 @@ class EngineSlot:
 
     def lose(self) -> list[RequestSpec]:
         """The device died: everything it held, as fresh requests in key order."""
-        self.leaving = True
+        self.leaving = self.lost = True
         lost = [w.spec if isinstance(w, InflightRequest) else w
                 for w in [*self.inflight.values(), *self.pending]]
         self.inflight, self.pending = {}, []
