@@ -3,6 +3,8 @@ the number of real positions, and speculation on/off (and migration) give identi
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
@@ -143,3 +145,25 @@ def test_fixed_block_attention_computes_causal_attention():
         use_row_invariant_attention(model)
         blocked = model(input_ids=ids).logits
     assert (eager - blocked).abs().max() < 1e-4
+
+
+def test_fixed_rows_need_one_torch_thread_on_cpu():
+    # measured: at 2 threads a migrated request's logits differ for forward_rows 5-7 and 10
+    with pytest.raises(ConfigError, match="devices.threads_per_device"):
+        load_config(overrides=["rollout.speculative.forward_rows=8",
+                               "devices.threads_per_device=2"], check_machine=False)
+
+
+def test_fixed_block_attention_refuses_a_model_that_is_not_plain_causal():
+    """It computes plain causal attention: a sliding window or soft-capping would sample
+    from other logits than the model (and the trainer) compute."""
+    from dynaresize.rollout.verify import not_plain_causal
+
+    windowed = Qwen2Config(vocab_size=48, hidden_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+                           use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    assert not_plain_causal(make_model().config) is None
+    assert "sliding window" in not_plain_causal(windowed)
+    assert "softcapping" in not_plain_causal(SimpleNamespace(attn_logit_softcapping=50.0))
+    with pytest.raises(ValueError, match="forward_rows"):
+        use_row_invariant_attention(Qwen2ForCausalLM(windowed))

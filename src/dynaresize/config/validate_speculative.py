@@ -22,6 +22,13 @@ def validate_speculative(cfg: Config) -> None:
         raise ConfigError(f"{name}.forward_rows", sp.forward_rows,
                           "needs rollout.engine = 'builtin' and rollout.batch_invariant = true "
                           "(or 0)")
+    if sp.forward_rows and cfg.devices.type == "cpu" and cfg.devices.threads_per_device != 1:
+        # measured: at 2 threads a request fed in other chunk sizes (a migrated one) gets
+        # other logits for forward_rows 5, 6, 7 and 10 (docs/speculative.md)
+        raise ConfigError("devices.threads_per_device", cfg.devices.threads_per_device,
+                          f"must be 1 with {name}.forward_rows = {sp.forward_rows}: fixed-row "
+                          "forwards are bitwise the same whatever the chunking only on one "
+                          "torch thread")
     for key in ("full_batch", "long_tokens", "history_prompts", "history_responses"):
         non_negative(f"{name}.{key}", getattr(sp, key))
     positive(f"{name}.min_ngram", sp.min_ngram)

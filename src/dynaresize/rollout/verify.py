@@ -65,10 +65,32 @@ def fixed_block_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     return out.transpose(1, 2).contiguous(), None
 
 
+def not_plain_causal(config: Any) -> str | None:
+    """Why a transformers model config's attention is not plain causal attention (which is
+    all `fixed_block_attention` computes), or None: sliding windows, logit soft-capping."""
+    layer_types = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in layer_types or (getattr(config, "use_sliding_window", False)
+                                               and window):
+        return f"a sliding window of {window} keys"
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, key, None):
+            return f"{key} = {getattr(config, key)}"
+    return None
+
+
 def use_row_invariant_attention(model: torch.nn.Module) -> None:
     """Switch `model` (a transformers model) to `fixed_block_attention` (SDPA's CPU kernel is
-    not invariant in the query length, plain eager attention not in the key length)."""
+    not invariant in the query length, plain eager attention not in the key length).
+    ValueError for a model whose attention is not plain causal (`not_plain_causal`): the
+    blocks would sample from other logits than the model (and the trainer) compute."""
     from transformers import AttentionInterface
+
+    why = not_plain_causal(getattr(model, "config", None))
+    if why is not None:
+        raise ValueError(f"rollout.speculative.forward_rows: this model's attention has {why}; "
+                         "fixed-row forwards compute plain causal attention only: set "
+                         "rollout.speculative.forward_rows = 0 (and speculation off)")
 
     AttentionInterface.register(ATTENTION, fixed_block_attention)
     model.set_attn_implementation(ATTENTION)
