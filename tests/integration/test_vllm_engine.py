@@ -105,3 +105,24 @@ def test_weight_reload_in_place_and_version_check(engine: Any, model: Any) -> No
     engine.load_weights(model.state_dict(), 0)
     restored = run_all(engine, specs(4))
     assert {k: c.tokens for k, c in restored.items()} == {k: c.tokens for k, c in before.items()}
+
+
+def test_only_the_runs_eos_ends_a_request(engine: Any) -> None:
+    """A checkpoint's generation_config.json may list more EOS ids (Qwen2.5-, Llama-3-Instruct
+    list two); vLLM used to stop at those too, cutting responses the builtin engine goes on
+    with and labelling them 'length'."""
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, model_dir
+
+    items = specs(6)
+    ref = run_all(engine, items)
+    other = next(t for c in ref.values() for t in c.tokens[:-1] if t != EOS)
+    template = tiny_model()
+    template.generation_config.eos_token_id = [EOS, other]
+    two_eos = VllmRolloutEngine(model_dir(template), eos_token_id=EOS, device_index=4,
+                                max_running=8, kv_cache_bytes=32 * 2**20)
+    try:
+        got = run_all(two_eos, items)
+    finally:
+        two_eos.shutdown()
+    assert {k: (c.tokens, c.finish_reason) for k, c in got.items()} == \
+        {k: (c.tokens, c.finish_reason) for k, c in ref.items()}

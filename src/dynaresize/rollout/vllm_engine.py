@@ -224,7 +224,10 @@ class VllmRolloutEngine(EngineBase):
                              f"to generate do not fit max_model_len {self.max_model_len}")
         request_id = f"{spec.step}-{spec.prompt}-{spec.sample}-{next(self._ids)}"
         params = SamplingParams(
-            temperature=0.0, max_tokens=remaining, ignore_eos=self.eos_token_id is None,
+            # the run's EOS only: with ignore_eos false vLLM also stops at every EOS id of the
+            # checkpoint's generation_config.json (a response cut at a token the run does not
+            # treat as EOS, and labelled 'length'); a stop token id ends it the same way
+            temperature=0.0, max_tokens=remaining, ignore_eos=True,
             stop_token_ids=[] if self.eos_token_id is None else [self.eos_token_id], logprobs=0,
             detokenize=False, output_kind=RequestOutputKind.DELTA,
             extra_args={SEED: spec.seed, OFFSET: len(item.generated),
