@@ -20,6 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+REFERENCE_TIMEOUT_S = 1800.0
+"""The uninterrupted reference run's limit (then it is ended, with its cluster)."""
+
 COLS = ["trial", "after_steps", "delay_s", "steps_at_kill", "resumed_from", "recomputed_steps",
         "orphans", "session_empty_s", "resume_rc", "lost", "duplicated", "changed",
         "duplicated_metrics", "params_equal", "survived", "wall_s"]
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
-    from dynaresize.app.driver_kill import start, train_cmd, trial
+    from dynaresize.app.driver_kill import run_bounded, start, train_cmd, trial
 
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-driver-kill-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     reference = root / "reference"
     if not (reference / "summary.json").exists():
         shutil.rmtree(reference, ignore_errors=True)
-        if start(train_cmd(sets, reference), root / "reference.log").wait() != 0:
+        if run_bounded(start(train_cmd(sets, reference), root / "reference.log"),
+                       REFERENCE_TIMEOUT_S) != 0:
             print(f"the reference run failed: {root / 'reference.log'}", file=sys.stderr)
             return 1
     rng = np.random.default_rng([27, args.seed])

@@ -49,6 +49,18 @@ def test_session_pids_finds_this_session() -> None:
     assert os.getpid() in session_pids(os.getsid(0))
 
 
+def test_a_driver_past_its_limit_is_ended_with_its_whole_session(tmp_path: Path) -> None:
+    # the bench's driver and what it started (here a child): none may outlive the limit
+    import sys
+
+    from dynaresize.app.driver_kill import run_bounded, session_pids, start
+
+    child = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    proc = start([sys.executable, "-c", child], tmp_path / "log")
+    assert run_bounded(proc, 1.0) == "timeout"
+    assert proc.poll() is not None and session_pids(proc.pid) == []
+
+
 def test_a_run_killed_before_its_first_checkpoint_starts_over(tmp_path: Path) -> None:
     from dynaresize.orchestrator.checkpoint_files import started_without_checkpoint
 

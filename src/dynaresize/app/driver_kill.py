@@ -65,6 +65,34 @@ def num_lines(file: Path) -> int:
         return 0
 
 
+def end_session(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+    """End a driver started in its own session (`start`) and every process left in that
+    session: SIGTERM to the driver's group, then after `grace_s` SIGKILL by pid."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [proc.pid, *session_pids(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def run_bounded(proc: subprocess.Popen[bytes], timeout_s: float) -> int | str:
+    """`proc`'s exit code, or "timeout" once it ran `timeout_s` (then its session is ended)."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        end_session(proc)
+        return "timeout"
+
+
 def kill_driver(proc: subprocess.Popen[bytes], out: Path, after_steps: int, delay_s: float,
                 timeout_s: float, after_checkpoint: int = 0) -> dict[str, Any]:
     """SIGKILL the driver `delay_s` after `after_steps` metric lines exist and a complete
@@ -79,6 +107,7 @@ def kill_driver(proc: subprocess.Popen[bytes], out: Path, after_steps: int, dela
 
     while waiting() and proc.poll() is None:
         if time.monotonic() > deadline:
+            end_session(proc)  # the driver and its cluster: no orphan run
             raise TimeoutError(f"{out}: {after_steps} steps (a checkpoint of "
                                f"{after_checkpoint}) not reached in {timeout_s} s")
         time.sleep(0.05)
@@ -137,12 +166,7 @@ def _resume(out: Path, steps: int, resumed_from: int, log: Path, timeout_s: floa
     driver finished before the kill) has nothing to resume: 0 (a resume would exit 2)."""
     if resumed_from >= steps:
         return 0 if (out / "summary.json").is_file() else "done, no summary.json"
-    proc = start(train_cmd([], out, resume=True), log)
-    try:
-        return proc.wait(timeout=max(60.0, timeout_s))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return "timeout"
+    return run_bounded(start(train_cmd([], out, resume=True), log), max(60.0, timeout_s))
 
 
 def trial(sets: list[str], steps: int, out: Path, reference: Path, after_steps: int,
