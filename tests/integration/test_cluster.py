@@ -21,6 +21,7 @@ from run_views import sample_view
 from test_loopback import LOOPBACK, descendants, listeners, socket_inodes
 
 from dynaresize.core.rundir import read_jsonl
+from dynaresize.devices.cluster import loopback_http
 
 pytestmark = pytest.mark.cluster
 
@@ -45,12 +46,14 @@ def cluster() -> Iterator[Any]:
     # memory-tight test machine it kills device actors, a fault this test does not inject)
     system = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
               "health_check_initial_delay_ms": 0, "memory_monitor_refresh_ms": 0}
-    c = Cluster(initialize_head=True, connect=False,
-                head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
-                                "include_dashboard": False, "_system_config": system})
+    with loopback_http():  # its processes send no HTTP off loopback (cloud metadata probes)
+        c = Cluster(initialize_head=True, connect=False,
+                    head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
+                                    "include_dashboard": False, "_system_config": system})
     try:
         for _ in range(2):
-            c.add_node(wait=False, num_cpus=3, node_ip_address="127.0.0.1")
+            with loopback_http():
+                c.add_node(wait=False, num_cpus=3, node_ip_address="127.0.0.1")
         c.wait_for_nodes(timeout=120)  # slow when the machine is loaded
         yield c
     finally:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,32 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                           "--head`, or leave ray.address empty for a local cluster") from None
 
 
+DEAD_PROXY = "http://127.0.0.1:9"
+"""A loopback port where nothing listens (discard): HTTP sent there fails at once."""
+
+
+@contextmanager
+def loopback_http() -> Iterator[None]:
+    """While a local cluster's processes start (they keep this environment): HTTP through
+    `requests`/urllib to anything but loopback goes to `DEAD_PROXY` and fails there. Ray's
+    dashboard head probes cloud metadata at start (169.254.169.254, a DNS lookup of
+    metadata.google.internal) whatever RAY_USAGE_STATS_ENABLED says; nothing of a local run
+    needs the outside (design §6). Ray's own gRPC ignores these variables."""
+    keys = {name: DEAD_PROXY for name in ("http_proxy", "HTTP_PROXY", "https_proxy",
+                                          "HTTPS_PROXY")}
+    keys.update(no_proxy="127.0.0.1,localhost,::1", NO_PROXY="127.0.0.1,localhost,::1")
+    before = {name: os.environ.get(name) for name in keys}
+    os.environ.update(keys)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Join the cluster at `address`, or start a local one on loopback. True if we started it
     (then the caller shuts it down)."""
@@ -58,10 +86,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         return False
     # address="local": always a new cluster of our own, never one another user (or RAY_ADDRESS)
     # left running on this machine, which `ray.init()` would otherwise join
-    ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False,
-             num_cpus=num_cpus,
-             logging_level="warning", log_to_driver=False,
-             runtime_env={"env_vars": loopback_env()})
+    with loopback_http():
+        ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False,
+                 num_cpus=num_cpus,
+                 logging_level="warning", log_to_driver=False,
+                 runtime_env={"env_vars": loopback_env()})
     return True
 
 
