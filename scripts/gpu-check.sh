@@ -42,7 +42,7 @@ run() {
   shift 2
   local t0=$SECONDS
   echo "== $name: $*"
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 30 "$limit" "$@" >"$OUT/$name.log" 2>&1
   RC=$?
   SECS=$((SECONDS - t0))
   if [ $RC -eq 124 ]; then echo "   timed out after ${limit}s"; fi
