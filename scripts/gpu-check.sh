@@ -45,7 +45,7 @@ run() {
   timeout -k 30 "$limit" "$@" >"$OUT/$name.log" 2>&1
   RC=$?
   SECS=$((SECONDS - t0))
-  if [ $RC -eq 124 ]; then echo "   timed out after ${limit}s"; fi
+  if [ $RC -eq 124 ] || [ $RC -eq 137 ]; then echo "   timed out after ${limit}s"; fi
   tail -3 "$OUT/$name.log" | sed 's/^/   /'
 }
 
