@@ -43,7 +43,6 @@ __all__ = ["CheckpointWriteError", "CheckpointState", "read_latest", "read_check
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "state.json"
-"""What a resume may not change: it would change the samples or the update (design §2)."""
 
 
 @dataclass

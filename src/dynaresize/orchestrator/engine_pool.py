@@ -111,7 +111,8 @@ class EnginePool(EngineRescue, ResizeHooks):
         none) load `version`. Returns those still free and serving it after the load: while
         the weights loaded a resize may have taken one to training (and committed), or a
         death kept one from loading."""
-        ready = [d for d in self.rollout_devices() if d.index not in self.engaged()]
+        busy = self.engaged()
+        ready = [d for d in self.rollout_devices() if d.index not in busy]
         loading = {d.index for d in ready}
         self._loading |= loading
         try:
