@@ -65,6 +65,15 @@ def num_lines(file: Path) -> int:
         return 0
 
 
+def kill_pids(pids: list[int]) -> None:
+    """SIGKILL each of `pids` (ours, by id); one already gone is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def end_session(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
     """End a driver started in its own session (`start`) and every process left in that
     session: SIGTERM to the driver's group, then after `grace_s` SIGKILL by pid."""
@@ -76,11 +85,7 @@ def end_session(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
-    for pid in [proc.pid, *session_pids(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_pids([proc.pid, *session_pids(proc.pid)])
     proc.wait()
 
 
@@ -123,11 +128,7 @@ def kill_driver(proc: subprocess.Popen[bytes], out: Path, after_steps: int, dela
     orphans = session_pids(sid)
     names = [Path(f"/proc/{p}/cmdline").read_bytes()[:80].decode(errors="replace")
              .replace("\0", " ") for p in orphans if Path(f"/proc/{p}").exists()]
-    for pid in orphans:  # ours: end them so the machine stays clean
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_pids(orphans)  # ours: end them so the machine stays clean
     return {"killed": True, "steps_at_kill": steps_at_kill, "orphans": len(orphans),
             "orphan_names": names, "session_empty_s": round(time.monotonic() - t0, 1)}
 
@@ -159,14 +160,14 @@ def latest_complete(out: Path) -> int:
         return 0
 
 
-def _resume(out: Path, steps: int, resumed_from: int, log: Path, timeout_s: float
-            ) -> int | str:
+def _resume(sets: list[str], out: Path, steps: int, resumed_from: int, log: Path,
+            timeout_s: float) -> int | str:
     """`dynaresize train --resume out`'s exit code ("timeout" if it ran past `timeout_s`, at
     least 60 s). A run whose checkpoint holds every step and whose summary.json exists (the
     driver finished before the kill) has nothing to resume: 0 (a resume would exit 2)."""
     if resumed_from >= steps:
         return 0 if (out / "summary.json").is_file() else "done, no summary.json"
-    return run_bounded(start(train_cmd([], out, resume=True), log), max(60.0, timeout_s))
+    return run_bounded(start(train_cmd(sets, out, resume=True), log), max(60.0, timeout_s))
 
 
 def trial(sets: list[str], steps: int, out: Path, reference: Path, after_steps: int,
@@ -181,7 +182,8 @@ def trial(sets: list[str], steps: int, out: Path, reference: Path, after_steps: 
                            timeout_s, after_checkpoint))
     row["resumed_from"] = resumed_from = latest_complete(out)
     row["recomputed_steps"] = max(0, row["steps_at_kill"] - resumed_from)
-    row["resume_rc"] = _resume(out, steps, resumed_from, log, timeout_s - (time.monotonic() - t0))
+    row["resume_rc"] = _resume(sets, out, steps, resumed_from, log,
+                               timeout_s - (time.monotonic() - t0))
     if row["resume_rc"] == 0:
         row.update(compare(out, reference, steps))
     row["survived"] = row["resume_rc"] == 0 and row.get("metrics_ok", False) and \
