@@ -224,7 +224,8 @@ def campaign(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the trials (module doc); one row per trial."""
     from dynaresize.app.runner import run_training
     from dynaresize.config import load_config
-    from dynaresize.devices.ray_device import DevicePool, ensure_ray
+    from dynaresize.devices.pool import DevicePool
+    from dynaresize.devices.ray_device import ensure_ray
 
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-chaos-live-"))
     base = [*BASE, f"rollout.engine='{args.engine}'", *args.set]

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     from dynaresize.app.runner import run_training
     from dynaresize.config import load_config
     from dynaresize.core.rundir import read_jsonl
-    from dynaresize.devices.ray_device import DevicePool, ensure_ray
+    from dynaresize.devices.pool import DevicePool
+    from dynaresize.devices.ray_device import ensure_ray
 
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-faults-"))
     started = ensure_ray(num_cpus=4)

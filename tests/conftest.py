@@ -43,7 +43,7 @@ def ray_cluster() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def device_pool(ray_cluster: None) -> Iterator[Callable[[int], object]]:
     """`device_pool(n)`: the session's pool of n long-lived device actors (created once)."""
-    from dynaresize.devices.ray_device import DevicePool
+    from dynaresize.devices.pool import DevicePool
 
     pools: dict[int, DevicePool] = {}
 

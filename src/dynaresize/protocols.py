@@ -272,6 +272,11 @@ class ProcessTable(Protocol):
         """A fresh rendezvous for `RecoveryOps.rebuild_world`."""
         ...
 
+    def cause(self, index: int) -> str | None:
+        """Why dead device `index` died, where the backend knows more than "gone" (the Ray
+        pool's watchdog killed it as hung); else None."""
+        ...
+
 
 ROLE_PROTOCOLS = (RolloutOps, TrainOps, ResizeOps, RecoveryOps)
 """The device seam split by role; `Device` is their union."""

@@ -78,3 +78,32 @@ def test_device_dies_mid_resize(device_pool: Any, reference: Path, tmp_path: Pat
     assert summary["faults"][0]["device"] == 1
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert [(m["num_rollout_devices"], m["num_train_devices"]) for m in metrics][-1] == (1, 2)
+
+
+HANG = ["faults.hang_timeout_s=3.0"]
+
+
+def check_hung(summary: dict[str, Any], device: int) -> dict[str, Any]:
+    fault = summary["faults"][0]
+    assert fault["device"] == device and fault["cause"].startswith("hung: answered no ping")
+    assert summary["kills"][0]["how"] == "hang"
+    return fault
+
+
+def test_rollout_device_freezes_mid_rollout(device_pool: Any, reference: Path,
+                                            tmp_path: Path) -> None:
+    """A SIGSTOPped rollout device neither answers nor dies: the watchdog kills it after
+    `faults.hang_timeout_s`, then it is a death like the one above."""
+    run(device_pool, tmp_path, *HANG,
+        "faults.kill=[{device=1, step=1, at='rollout:0.3', how='hang'}]")
+    fault = check_hung(check_against(reference, tmp_path), 1)
+    assert fault["role"] == "rollout" and not fault["restored"]
+
+
+def test_train_device_freezes_mid_step(device_pool: Any, reference: Path,
+                                       tmp_path: Path) -> None:
+    """A frozen trainer holds its peers in a collective (its sockets stay open) until the
+    watchdog kills it, well before `faults.timeout_s`; the step reruns on the survivors."""
+    run(device_pool, tmp_path, *HANG, "faults.kill=[{device=3, step=1, at='train', how='hang'}]")
+    fault = check_hung(check_against(reference, tmp_path), 3)
+    assert fault["role"] == "train" and fault["restored"]

@@ -62,6 +62,9 @@ def test_dry_run_text_keeps_control_characters(tmp_path: Path) -> None:
         ("controller.hysteresis.lend_min_cv=-0.5", "controller.hysteresis.lend_min_cv", ">= 0"),
         ("rollout.batch_invariant=3", "rollout.batch_invariant", "true or false"),
         ("task.samples_per_prompt=1", "task.samples_per_prompt", ">= 2"),
+        ("faults.hang_timeout_s=60", "faults.hang_timeout_s", "below faults.timeout_s (60)"),
+        ("faults.hang_timeout_s=-1", "faults.hang_timeout_s", "0 (off)"),
+        ("faults.kill=[{device=1, how='freeze'}]", "faults.kill[0].how", "allowed: kill, hang"),
     ],
 )
 def test_bad_values_name_field_value_and_rule(override: str, field: str, needle: str) -> None:
@@ -69,6 +72,16 @@ def test_bad_values_name_field_value_and_rule(override: str, field: str, needle:
         load_config(None, [override])
     assert info.value.field_name == field
     assert needle in str(info.value)
+
+
+def test_a_hang_needs_the_watchdog() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["faults.hang_timeout_s=0", "faults.kill=[{device=1, how='hang'}]"])
+    assert info.value.field_name == "faults.kill[0].how"
+    assert "faults.hang_timeout_s > 0" in str(info.value)
+    cfg = load_config(None, ["faults.timeout_s=120", "faults.hang_timeout_s=90",
+                             "faults.kill=[{device=1, how='hang'}]"])
+    assert cfg.faults.kill[0].how == "hang"
 
 
 def test_override_syntax() -> None:

@@ -63,7 +63,7 @@ def test_process_tables_implement_the_protocol() -> None:
 
     tables: list[type] = [SimProcesses]
     try:
-        from dynaresize.devices.ray_device import DevicePool
+        from dynaresize.devices.pool import DevicePool
         tables.append(DevicePool)
     except ImportError:
         pass

@@ -86,6 +86,7 @@ def test_simulate_runs_faults_from_a_train_config(capsys: pytest.CaptureFixture[
     (["--set", "faults.kill=[{device=1, step=2, at='train'}]"], "faults.kill[0].step = 2"),
     (["--set", "faults.kill=[{device=1, step=0, at='later'}]"], "faults.kill[0].at = 'later'"),
     (["--set", "faults.kill=[{device=1, stp=0}]"], "faults.kill[0].stp"),
+    (["--set", "faults.kill=[{device=1, step=0, how='hang'}]"], "faults.kill[0].how = 'hang'"),
     (["--set", "run.steps=3"], "run.steps=3"),
     (["--set", "run.checkpoint_every=-1"], "run.checkpoint_every = -1"),
     (["--set", "faults.kill=[{device=1}]", "--policy", "oracle"], "policy 'oracle'"),

@@ -82,7 +82,7 @@ def _start_ray(cfg: Config, address: str | None, progress: Progress) -> bool:
 
 def _new_pool(cfg: Config) -> Any:
     """A DevicePool of `cfg`'s devices on the Ray cluster joined by `_start_ray`."""
-    from dynaresize.devices.ray_device import DevicePool
+    from dynaresize.devices.pool import DevicePool
 
     return DevicePool(cfg.num_devices, cfg.devices.type, cfg.devices.threads_per_device,
                       cfg.faults.timeout_s, cfg.ray.placement, cfg.ray.placement_timeout_s,
@@ -115,6 +115,7 @@ def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
     if own_pool and pool is not None:
         pool.shutdown()
     elif pool is not None:
+        pool.watch(0)
         pool.repair()
     if started_ray:
         import ray
@@ -245,7 +246,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
 
         checkpoints = _checkpoints(cfg, rundir, resume_from is not None)
         clock = RealClock()
-        injector = FaultInjector(cfg.faults.kill, pool.kill, clock.now)
+        injector = FaultInjector(cfg.faults.kill, pool.kill, clock.now, hang=pool.hang)
+        pool.watch(cfg.faults.hang_timeout_s)  # a frozen device is killed, then recovered
 
         orch = Orchestrator(cfg, devices, clock, task, rundir, on_step=on_step,
                             fail_op=injector.resize_hook(lambda: orch.state.step, fail_op),

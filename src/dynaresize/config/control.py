@@ -109,6 +109,8 @@ class KillEntry:
     at: str = _doc("'rollout:F' (once that fraction of the step's requests finished), "
                    "'train' (during the step's training) or 'resize' (during a resize).",
                    default="train")
+    how: str = _doc("'kill' (SIGKILL: the process is gone) or 'hang' (SIGSTOP: it freezes, "
+                    "and faults.hang_timeout_s later the watchdog kills it).", default="kill")
 
 
 @dataclass
@@ -117,3 +119,7 @@ class FaultsConfig:
                                  default_factory=list)
     timeout_s: float = _doc("Process-group timeout: a collective waiting for a dead peer "
                             "fails after this long (gloo usually fails at once).", default=60.0)
+    hang_timeout_s: float = _doc(
+        "A device that answers no liveness ping this long is taken for hung and killed, so "
+        "recovery replaces it (0: never; below faults.timeout_s, so a frozen trainer is "
+        "found before its peers' collectives time out).", default=30.0)

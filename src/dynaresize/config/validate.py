@@ -203,8 +203,17 @@ def _validate_text_task(cfg: Config) -> None:
 
 def _validate_faults(cfg: Config) -> None:
     positive("faults.timeout_s", cfg.faults.timeout_s)
+    hang_s = cfg.faults.hang_timeout_s
+    if not 0 <= hang_s < cfg.faults.timeout_s:
+        raise ConfigError("faults.hang_timeout_s", hang_s,
+                          f"0 (off) or below faults.timeout_s ({cfg.faults.timeout_s:g}): a "
+                          "frozen trainer must be found before its peers' collectives time out")
     for i, e in enumerate(cfg.faults.kill):
         name = f"faults.kill[{i}]"
+        one_of(f"{name}.how", e.how, ("kill", "hang"))
+        if e.how == "hang" and hang_s == 0:
+            raise ConfigError(f"{name}.how", e.how, "'hang' needs faults.hang_timeout_s > 0 "
+                              "(else nothing ends the frozen device)")
         if not 0 <= e.device < cfg.num_devices:
             raise ConfigError(f"{name}.device", e.device,
                               f"must be in 0..{cfg.num_devices - 1} (the run's devices)")

@@ -64,6 +64,12 @@ class DeviceActor:
     def ready(self) -> int:
         return os.getpid()
 
+    def freeze(self) -> None:
+        """Stop this process (SIGSTOP; fault injection on another machine, `DevicePool.hang`)."""
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
+
     def placement(self) -> NodeInfo:
         return self.node
 

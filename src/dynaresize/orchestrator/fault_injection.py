@@ -5,6 +5,7 @@
 device = 1          # device index
 step = 1            # RL step
 at = "rollout:0.3"  # once 30% of the step's requests finished | "train" | "resize"
+how = "kill"        # SIGKILL | "hang": SIGSTOP, found by the watchdog (faults.hang_timeout_s)
 ```
 
 - `rollout:F`: fires from the rollout loop's progress callback once the fraction F of the step's
@@ -16,7 +17,8 @@ at = "rollout:0.3"  # once 30% of the step's requests finished | "train" | "resi
 
 The injector only decides *when*; `kill(device)` is the backend's (`DevicePool.kill`: SIGKILL
 of the actor's process; the twin's `sim.faults.SimProcesses.kill`: a simulated death, in
-virtual time). Recovery is `recovery.Recovery`'s job. Each entry fires once.
+virtual time), and so is `hang(device)` (`DevicePool.hang`: SIGSTOP; the twin has none).
+Recovery is `recovery.Recovery`'s job. Each entry fires once.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dynaresize.config import KillEntry
+from dynaresize.config import ConfigError, KillEntry
 from dynaresize.resize.planner import Op
 
 TRAIN_KILL_DELAY_S = 0.05
@@ -41,21 +43,31 @@ class Fired:
     step: int
     at: str
     t_s: float
+    how: str = "kill"
 
 
 class FaultInjector:
     def __init__(self, entries: list[KillEntry], kill: Callable[[int], None],
-                 now: Callable[[], float]) -> None:
+                 now: Callable[[], float], hang: Callable[[int], None] | None = None
+                 ) -> None:
+        for i, e in enumerate(entries):
+            if e.how == "hang" and hang is None:
+                raise ConfigError(f"faults.kill[{i}].how", e.how,
+                                  "'kill' only here: hangs are injected on the Ray backend")
         self._pending = list(entries)
         self._kill = kill
+        self._hang = hang
         self._now = now
         self.fired: list[Fired] = []
 
     def _fire(self, due: list[KillEntry]) -> list[int]:
         for e in due:
             self._pending.remove(e)
-            self._kill(e.device)
-            self.fired.append(Fired(e.device, e.step, e.at, self._now()))
+            if e.how == "hang" and self._hang is not None:
+                self._hang(e.device)
+            else:
+                self._kill(e.device)
+            self.fired.append(Fired(e.device, e.step, e.at, self._now(), e.how))
         return [e.device for e in due]
 
     def at_rollout(self, step: int, fraction: float) -> list[int]:

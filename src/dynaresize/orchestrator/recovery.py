@@ -57,6 +57,9 @@ class DeviceFaults(Protocol):
     def new_store(self) -> int | str: ...
     """A fresh rendezvous for rebuilding the world."""
 
+    def cause(self, index: int) -> str | None: ...
+    """Why a dead device died, where the backend knows (e.g. killed as hung), else None."""
+
 
 class NullRecovery:
     """Recovery off (a backend that cannot lose devices): every device error propagates."""
@@ -100,6 +103,7 @@ class Recovery:
                  repair_soon: Callable[[], None] | None = None) -> None:
         self.is_alive = faults.is_alive
         self.new_store = faults.new_store
+        self.cause = faults.cause
         self.state = state
         self.engines = engines
         self.fence = fence
@@ -143,8 +147,13 @@ class Recovery:
         self.world_stale = True
         self.fence(index)
         now = self.clock.now()
-        self.records.append({"device": index, "role": role, "how": how, "t_s": now})
-        self.rundir.event(now, now, index, "fault", critical=True, role=role, how=how)
+        record: dict[str, Any] = {"device": index, "role": role, "how": how, "t_s": now}
+        cause = self.cause(index)
+        if cause is not None:
+            record["cause"] = cause
+        self.records.append(record)
+        self.rundir.event(now, now, index, "fault", critical=True, role=role, how=how,
+                          **({"cause": cause} if cause is not None else {}))
         self.engines.drop_lost(state.devices[index], RuntimeError(f"device {index} {how}"))
         if not state.allocation.rollout and self.repair_soon is not None:
             self.repair_soon()

@@ -61,6 +61,10 @@ class SimProcesses:
     def is_alive(self, index: int) -> bool:
         return self.devices[index].alive
 
+    def cause(self, index: int) -> str | None:
+        """Nothing beyond "the process is gone": the twin injects deaths only."""
+        return None
+
     def new_store(self) -> str:
         """A fresh rendezvous name for a rebuilt world (nothing is created)."""
         self._num_stores += 1

@@ -65,7 +65,7 @@ def bench_model(name: str, cfg: Config, repeats: int, tmp_dir: str,
     `naive_moves` (each starts fresh processes: seconds on 2 cores)."""
     from dynaresize.app.benchmarks.resize_naive import measure_naive
     from dynaresize.app.benchmarks.resize_ours import run_sequence, save_checkpoint
-    from dynaresize.devices.ray_device import DevicePool
+    from dynaresize.devices.pool import DevicePool
 
     out: dict[str, Any] = {"name": name, "num_params": num_params(cfg),
                            "overrides": list(MODELS[name]),

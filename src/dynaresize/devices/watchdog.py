@@ -1,0 +1,143 @@
+"""Hang detection: a device process that stops answering is killed, so recovery sees a death.
+
+A device whose process freezes (SIGSTOP, a host stall, a Python thread holding the GIL
+forever) neither answers nor dies: every driver call on it, and every collective its peers
+run with it, waits. The driver pings each device in the actors' control concurrency group
+(which answers while the device is busy in a rollout, a train step or a collective); a
+device that has answered no ping for `faults.hang_timeout_s` is killed (`DevicePool.kill`),
+and from then on it is a death like any other: its calls raise `ActorDiedError`, its
+peers' collectives fail at once (its sockets close), and `recovery.Recovery` fences and
+replaces it.
+
+What it does not find: a device whose process answers pings while one of its ops never
+returns (a deadlocked collective is bounded by `faults.timeout_s` instead; a CUDA hang by
+torch's own watchdog, which ends the process).
+
+`HangWatch` is the pure decision (what answered when, who is overdue); `Watchdog` is the
+thread that sends the pings and kills.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+class HangWatch:
+    """Which devices have answered no ping for `timeout_s` (pure: the caller passes the time)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._last_answer_s: dict[int, float] = {}
+
+    def answered(self, index: int, now_s: float) -> None:
+        self._last_answer_s[index] = now_s
+
+    def reset(self, indices: Iterable[int], now_s: float) -> None:
+        """Count `indices` as answering now (new devices, replaced ones, a new watch)."""
+        for i in indices:
+            self._last_answer_s[i] = now_s
+
+    def silent_s(self, index: int, now_s: float) -> float:
+        return now_s - self._last_answer_s.get(index, now_s)
+
+    def overdue(self, watched: Iterable[int], now_s: float) -> list[int]:
+        """The watched devices silent for longer than `timeout_s` (one seen for the first
+        time counts from now)."""
+        out = []
+        for i in watched:
+            self._last_answer_s.setdefault(i, now_s)
+            if self.silent_s(i, now_s) > self.timeout_s:
+                out.append(i)
+        return out
+
+
+def ping_interval_s(timeout_s: float) -> float:
+    """How often to ping: ten pings per timeout, at most every 5 s."""
+    return min(timeout_s / 10.0, 5.0)
+
+
+class Watchdog:
+    """A daemon thread pinging the watched devices and killing the overdue ones.
+
+    `ping(index)`: send one ping, return a handle (a Ray object ref); `poll(handles)`: the
+    handles whose answer came, each with whether it is an answer (False: an error, the actor
+    died: recovery finds that death by itself); `watched()`: the indices to watch now (live,
+    not already killed); `kill(index, silent_s)`: end a hung device. One ping per device is
+    in flight at a time. `start=False`: no thread (tests call `tick`)."""
+
+    def __init__(self, timeout_s: float, ping: Callable[[int], Any],
+                 poll: Callable[[list[Any]], dict[Any, bool]],
+                 watched: Callable[[], list[int]], kill: Callable[[int, float], None],
+                 now: Callable[[], float] = time.monotonic, start: bool = True) -> None:
+        self.watch = HangWatch(timeout_s)
+        self._ping = ping
+        self._poll = poll
+        self._watched = watched
+        self._kill = kill
+        self._now = now
+        self._lock = threading.Lock()
+        self._outstanding: dict[int, Any] = {}
+        self._stop = threading.Event()
+        self.watch.reset(watched(), now())
+        self._last_round_s = now()
+        self._thread = threading.Thread(target=self._loop, name="dynaresize-watchdog",
+                                        daemon=True)
+        if start:
+            self._thread.start()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No round runs inside; after it, no ping is in flight and every device counts as
+        answering now (its actor may have been replaced)."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._outstanding.clear()
+                self.watch.reset(self._watched(), self._now())
+                self._last_round_s = self._now()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+
+    def _loop(self) -> None:
+        interval_s = ping_interval_s(self.watch.timeout_s)
+        while not self._stop.wait(interval_s):
+            try:
+                self.tick()
+            except Exception as exc:  # Ray shutting down under us: stop watching
+                if not self._stop.is_set():
+                    print(f"dynaresize: hang watchdog stopped: {exc!r}", file=sys.stderr)
+                return
+
+    def tick(self) -> list[int]:
+        """One round: collect answers, ping who has no ping in flight, kill the overdue.
+        Returns the devices killed."""
+        with self._lock:
+            watched = self._watched()
+            now_s = self._now()
+            if now_s - self._last_round_s > self.watch.timeout_s / 2:
+                self.watch.reset(watched, now_s)  # this process stalled, not the devices
+            self._last_round_s = now_s
+            index_of = {id(ref): i for i, ref in self._outstanding.items()}
+            done = self._poll(list(self._outstanding.values())) if index_of else {}
+            for ref, ok in done.items():
+                index = index_of[id(ref)]
+                del self._outstanding[index]
+                if ok:
+                    self.watch.answered(index, now_s)
+            for i in watched:
+                if i not in self._outstanding:
+                    self._outstanding[i] = self._ping(i)
+            overdue = self.watch.overdue(watched, now_s)
+            for i in overdue:
+                self._kill(i, self.watch.silent_s(i, now_s))
+                self._outstanding.pop(i, None)
+        return overdue
