@@ -2,7 +2,8 @@
 process), each run checked against the fault-free run of its variant.
 
     python bench/chaos_live.py [--trials 20] [--first-seed 0] [--engine builtin|vllm]
-        [--mode trap|kill] [--json FILE] [--out DIR] [--set KEY=VALUE ...] [--write]
+        [--mode trap|kill] [--hangs P] [--json FILE] [--out DIR] [--set KEY=VALUE ...]
+        [--write]
     python bench/chaos_live.py --engine vllm --from-json a.json b.json --write
 
 The default run (4 CPU devices, 2 rollout / 2 train, the hysteresis policy: streamed training,
@@ -13,6 +14,9 @@ pipelined rollouts) shortened to 4 steps of 4 prompts x 4.
   inside the first one's recovery), installed as a trap on the run's devices.
 - `--mode kill`: `[[faults.kill]]` entries (rollout:F, train, resize; staleness 0/1), which
   turn pipelined rollouts off.
+- `--hangs P` (trap mode): each death is a freeze (SIGSTOP) with probability P, found by the
+  hang watchdog after `faults.hang_timeout_s` (`HANG_TIMEOUT_S` here); its block is
+  `chaos-live-ENGINE-trap-hangs`.
 Reported per trial: finished, lost / duplicated / wrong-version / changed samples against the
 reference, whether `param_sha256` equals the reference's (exact reduction: bitwise) and the
 largest parameter difference, recovery seconds and replayed steps. One Ray cluster and one
@@ -46,6 +50,10 @@ from dynaresize.app.chaos_live import RESIZE  # noqa: E402
 BASE = ["run.steps=4", "task.prompts_per_step=4", "task.samples_per_prompt=4",
         "task.max_new_tokens=12", "train.micro_batch_size=2", "output.progress='plain'",
         "rollout.slice_s=0.05", "rollout.max_running_requests=4", "output.save_model=true"]
+
+
+HANG_TIMEOUT_S = 3.0
+"""The trials' `faults.hang_timeout_s` with `--hangs`: a frozen device is killed this soon."""
 
 
 def draw(seed: int) -> tuple[list[str], list[dict[str, Any]]]:
@@ -93,13 +101,18 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, int]:
     return {k: sum(r[k] for r in rows) for k in TOTALS}
 
 
-def render(rows: list[dict[str, Any]], engine: str, mode: str) -> str:
+def render(rows: list[dict[str, Any]], engine: str, mode: str, hangs: float = 0.0) -> str:
     """The campaign's markdown: a summary line and a line per trial."""
     total = totals(rows)
     how = ("deaths in every phase, trapped on the run's devices (streamed, pipelined)"
            if mode == "trap" else "random `[[faults.kill]]` (unpipelined)")
+    flag = f" --hangs {hangs:g}" if hangs else ""
+    if hangs:
+        how += (f"; each death a freeze (SIGSTOP) with probability {hangs:g}, killed by the "
+                f"hang watchdog after {HANG_TIMEOUT_S:g} s (the kills column says 'frozen')")
     head = (f"**Live random deaths, {engine} engine, {mode} mode** (`python bench/chaos_live.py "
-            f"--engine {engine} --mode {mode} --trials {len(rows)} --write`: the default run, 4 "
+            f"--engine {engine} --mode {mode}{flag} --trials {len(rows)} --write`: the default "
+            f"run, 4 "
             f"CPU devices 2 rollout / 2 train, hysteresis, 4 steps of 4 prompts x 4; {how}; "
             f"each run against the fault-free run of its variant; measured "
             f"{time.strftime('%Y-%m-%d')}): **{len(rows)} trials, {total['survived']} "
@@ -130,18 +143,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", default="trap", choices=("trap", "kill"),
                         help="trap: deaths in every phase, the run's own code path "
                              "(app.chaos_live); kill: `[[faults.kill]]` entries")
+    parser.add_argument("--hangs", type=float, default=0.0, metavar="P",
+                        help="trap mode: the probability that a death is a freeze (SIGSTOP, "
+                             "found by the hang watchdog) rather than a SIGKILL")
     parser.add_argument("--write", action="store_true",
                         help="write the table into docs/results.md")
     parser.add_argument("--from-json", nargs="+", metavar="FILE",
                         help="render the trials of these --json files instead of running")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.hangs <= 1.0 or (args.hangs and args.mode != "trap"):
+        parser.error(f"--hangs {args.hangs}: a probability in [0, 1], with --mode trap")
     rows = [r for f in args.from_json for r in json.loads(Path(f).read_text())] \
         if args.from_json else campaign(args)
-    text = render(rows, args.engine, args.mode)
+    text = render(rows, args.engine, args.mode, args.hangs)
     if args.from_json:
         print(text)
     if args.write:
-        write_block(*block_markers(f"chaos-live-{args.engine}-{args.mode}"), text)
+        hangs = "-hangs" if args.hangs else ""
+        write_block(*block_markers(f"chaos-live-{args.engine}-{args.mode}{hangs}"), text)
     total = totals(rows)
     print(f"{args.engine}: {len(rows)} trials, {json.dumps(total)}")
     return 0 if total["survived"] == len(rows) else 1
@@ -173,7 +192,7 @@ def reference(run: Any, root: Path, base: list[str], variant: list[str]
 
 
 def trial(run: Any, seed: int, root: Path, base: list[str], refs: dict[str, Any],
-          mode: str) -> dict[str, Any]:
+          mode: str, hang_p: float = 0.0) -> dict[str, Any]:
     """One trial (module doc): its row."""
     from dynaresize.app.chaos_live import LiveTrap, describe, draw_live
     from dynaresize.config import load_config
@@ -187,7 +206,7 @@ def trial(run: Any, seed: int, root: Path, base: list[str], refs: dict[str, Any]
     trap, extra = None, []
     if mode == "trap":
         variant, deaths = draw_live(seed, lambda v: ref_of(v)[3])
-        trap = LiveTrap(deaths, seed)
+        trap = LiveTrap(deaths, seed, hang_p)
     else:
         variant, kills = draw(seed)
         extra = [kill_toml(kills)]
@@ -205,7 +224,7 @@ def trial(run: Any, seed: int, root: Path, base: list[str], refs: dict[str, Any]
     faults = summary.get("faults", [])
     cfg = load_config(None, [*base, *variant], check_machine=False)
     row = {"seed": seed, "variant": variant,
-           "kills": describe(trap.deaths, trap.fired) if trap else kills,
+           "kills": describe(trap.deaths, trap.fired, tuple(trap.hung)) if trap else kills,
            "finished": not error,
            **audit(out, view, cfg), "params_equal": summary.get("param_sha256") == sha,
            "max_param_diff": param_diff(out, ref) if not error else float("nan"),
@@ -229,6 +248,8 @@ def campaign(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-chaos-live-"))
     base = [*BASE, f"rollout.engine='{args.engine}'", *args.set]
+    if args.hangs:
+        base.append(f"faults.hang_timeout_s={HANG_TIMEOUT_S}")
     started = ensure_ray(num_cpus=4)
     pools = [DevicePool(4)]
 
@@ -245,7 +266,7 @@ def campaign(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     try:
         for seed in range(args.first_seed, args.first_seed + args.trials):
-            rows.append(trial(run, seed, root, base, refs, args.mode))
+            rows.append(trial(run, seed, root, base, refs, args.mode, args.hangs))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -37,6 +37,9 @@ class FakePool:
     def is_alive(self, index: int) -> bool:
         return index not in self.dead
 
+    def hang(self, index: int) -> None:
+        self.kills.append(-index - 1)   # a freeze, told apart from a kill
+
 
 def test_draws_are_seeded_and_fit_their_phase() -> None:
     counts = {p: 5 for p in PHASES}
@@ -111,3 +114,20 @@ def test_the_first_death_is_in_a_phase_the_variant_has() -> None:
     for seed in range(40):
         variant, deaths = draw_live(seed, counts)
         assert deaths[0].phase in counts(variant)
+
+
+def test_a_share_of_deaths_freezes_instead() -> None:
+    """`hang_p = 1`: the death freezes its victim (`DevicePool.hang`), the table says so;
+    `hang_p = 0` never draws from the trial's generator (kill-only trials stay as they were)."""
+    devices = [FakeDevice(i, Role.ROLLOUT if i < 2 else Role.TRAIN) for i in range(4)]
+    pool = FakePool(4)
+    trap = LiveTrap((Death("optimizer", 1, 0.01, "caller"),), hang_p=1.0)
+    trap.install(devices, pool)
+    asyncio.run(_run(trap, devices, [(2, "train_step"), (3, "train_step")]))
+    assert pool.kills == [-4] and trap.hung == [3] and trap.fired == [3]
+    assert describe(trap.deaths, trap.fired, tuple(trap.hung)).endswith("-> dev 3 frozen")
+    kill_only = LiveTrap((Death("optimizer", 1, 0.01, "caller"),), seed=5)
+    state = kill_only.rng.bit_generator.state
+    kill_only.install(devices, FakePool(4))
+    asyncio.run(_run(kill_only, devices, [(2, "train_step"), (3, "train_step")]))
+    assert kill_only.hung == [] and kill_only.rng.bit_generator.state == state

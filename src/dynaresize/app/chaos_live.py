@@ -6,8 +6,10 @@ live run's `RayDevice`s (`runner.run_training(chaos=...)`), so a death lands whe
 really is: a rollout slice, a streamed micro-batch, the optimizer step, a weight publish or an
 engine loading weights, any resize op, a checkpoint save, or inside the recovery of an earlier
 death (world rebuild, checkpoint restore). The kill is `DevicePool.kill` (SIGKILL of the
-actor's process), the recovery the orchestrator's own. Unlike `[[faults.kill]]`, the trap
-leaves the run's code path as it is: streamed training and pipelined rollouts stay on.
+actor's process) or, for a drawn share `hang_p` of the deaths, `DevicePool.hang` (SIGSTOP: the
+process freezes until the hang watchdog kills it, `faults.hang_timeout_s`); the recovery is
+the orchestrator's own. Unlike `[[faults.kill]]`, the trap leaves the run's code path as it
+is: streamed training and pipelined rollouts stay on.
 
 A trial draws, from its seed, a variant of the default run (staleness 0, 1 or 2; a checkpoint
 every 0 or 1 step; a forced rollout -> train resize at step 1 or none) and 1-2 deaths: the
@@ -20,6 +22,7 @@ devices stay alive: a pool may be emptied (recovery reassigns a device of the ot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -86,15 +89,26 @@ class LiveTrap(Trap):
     from each device's latest ops, at least `MIN_ALIVE` devices left alive, and a kill that
     tolerates a device already gone."""
 
-    def __init__(self, deaths: tuple[Death, ...], seed: int = 0) -> None:
+    def __init__(self, deaths: tuple[Death, ...], seed: int = 0, hang_p: float = 0.0) -> None:
         super().__init__(deaths, seed)
+        self.hang_p = hang_p
+        """The share of deaths that freeze the process instead of killing it."""
+        self.hung: list[int] = []
+        """Devices frozen (SIGSTOP) rather than killed, in firing order."""
         self.roles: dict[int, Role] = {}
         self.doomed: set[int] = set()
         """Devices a fired death has chosen (their kill may still be pending)."""
 
     def install(self, devices: list[Any], processes: Any) -> None:
         self.roles = {d.index: d.role for d in devices}
-        super().install(devices, _Processes(processes))
+        super().install(devices, _Processes(processes, self._freeze))
+
+    def _freeze(self, index: int) -> bool:
+        """Whether device `index`'s death is a freeze (drawn from the trial's generator)."""
+        if self.hang_p > 0 and float(self.rng.random()) < self.hang_p:
+            self.hung.append(index)
+            return True
+        return False
 
     def _on_call(self, phase: str, op: str, caller: Any) -> None:
         role = ROLE_OF_PHASE.get(phase) or ROLE_OF_OP.get(op)
@@ -124,12 +138,16 @@ class _Processes:
     """The device pool as the trap uses it: a kill ignores a process already gone (a death
     the run has met meanwhile)."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, freeze: Callable[[int], bool] | None = None) -> None:
         self._pool = pool
+        self._freeze = freeze
 
     def kill(self, index: int) -> None:
         try:
-            self._pool.kill(index)
+            if self._freeze is not None and self._freeze(index):
+                self._pool.hang(index)
+            else:
+                self._pool.kill(index)
         except ProcessLookupError:
             pass
 
@@ -137,14 +155,17 @@ class _Processes:
         return bool(self._pool.is_alive(index))
 
 
-def describe(deaths: tuple[Death, ...], fired: list[int | None]) -> str:
-    """'optimizer#3+0.12s caller -> dev 2; recovery#0 ... (not fired)' for the table."""
+def describe(deaths: tuple[Death, ...], fired: list[int | None],
+             hung: tuple[int, ...] = ()) -> str:
+    """'optimizer#3+0.12s caller -> dev 2; recovery#0 ... (not fired)' for the table; a
+    device in `hung` was frozen, not killed ('-> dev 2 frozen')."""
     parts = []
     for death, dev in zip(deaths, fired, strict=True):
         what = f"{death.phase}#{death.nth}+{death.delay_s:.2f}s {death.victim}"
         if death.after is not None:
             what += f" (after {death.after + 1})"
         parts.append(what + (" -> not fired" if dev is None else
-                             " -> spared" if dev < 0 else f" -> dev {dev}"))
+                             " -> spared" if dev < 0 else f" -> dev {dev}"
+                             + (" frozen" if dev in hung else "")))
     return "; ".join(parts)
 
