@@ -23,7 +23,8 @@ Determinism, by construction:
   model; its rounding differs from the token-by-token path, so samples differ from that mode.
 * `batch_invariant=False`: one full-sequence prefill per admitted request and one left-padded
   batched forward per decode iteration (caches stay per request and are padded into a batch each
-  iteration). Log-probs are still exact up to float rounding, but tokens may differ by batch.
+  iteration: `rollout.batched`). Log-probs are still exact up to float rounding, but tokens
+  may differ by batch.
 * `forward_rows=R` (batch-invariant mode, `rollout.speculative.forward_rows`): every forward feeds
   exactly R positions (padded, attention in fixed key blocks; `rollout.verify`), so a forward's
   logits do not depend on how many of its positions are real. That lets `speculation` verify
@@ -44,6 +45,7 @@ import torch
 from transformers import DynamicCache
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
+from dynaresize.rollout.batched import batched_decode
 from dynaresize.rollout.engine_base import EngineBase, EngineStats
 from dynaresize.rollout.speculative import Speculation, SpeculationSettings
 from dynaresize.rollout.verify import (
@@ -166,7 +168,9 @@ class RolloutEngine(EngineBase):
             elif self.batch_invariant:
                 logits = [self._forward(r.cache, [r.next_input]) for r in self._running]
             else:
-                logits = self._forward_batched(self._running)
+                logits = batched_decode(self.model, [r.cache for r in self._running],
+                                        [r.next_input for r in self._running],
+                                        cache_arg=self._cache_arg, device=self.torch_device)
             finished: list[Completion] = []
             still_running: list[_Running] = []
             for req, req_logits in zip(self._running, logits, strict=True):
@@ -254,37 +258,6 @@ class RolloutEngine(EngineBase):
         out = self.model(input_ids=input_ids, position_ids=position_ids[None], use_cache=True,
                          **{self._cache_arg: cache})
         return out.logits[0, -1]
-
-    def _forward_batched(self, reqs: list[_Running]) -> list[torch.Tensor]:
-        """Feed every request's `next_input` in one left-padded batch over copies of their caches,
-        append the new keys/values to each request's own cache; return per-request logits."""
-        lengths = [r.cache.get_seq_length() for r in reqs]
-        max_len = max(lengths)
-        data = []
-        if max_len > 0:
-            ref = next(r.cache.layers for r, n in zip(reqs, lengths) if n > 0)
-            for i in range(len(ref)):
-                kv = []
-                for name in ("keys", "values"):
-                    pad = getattr(ref[i], name)[:, :, :0]
-                    rows = [getattr(r.cache.layers[i], name) if n else pad
-                            for r, n in zip(reqs, lengths)]
-                    kv.append(torch.cat([torch.nn.functional.pad(t, (0, 0, max_len - n, 0))
-                                         for t, n in zip(rows, lengths)]))
-                data.append(tuple(kv))
-        batch = DynamicCache(ddp_cache_data=data) if data else DynamicCache()
-        mask = torch.ones(len(reqs), max_len + 1, dtype=torch.long, device=self.torch_device)
-        for row, n in enumerate(lengths):
-            mask[row, : max_len - n] = 0
-        out = self.model(
-            input_ids=torch.tensor([[r.next_input] for r in reqs], device=self.torch_device),
-            position_ids=torch.tensor([[n] for n in lengths], device=self.torch_device),
-            attention_mask=mask, use_cache=True, **{self._cache_arg: batch})
-        for row, r in enumerate(reqs):
-            for i, layer in enumerate(batch.layers):
-                new = slice(row, row + 1), slice(None), slice(-1, None)
-                r.cache.update(layer.keys[new], layer.values[new], i)
-        return list(out.logits[:, -1])
 
     def _sample(self, req: _Running, logits: torch.Tensor) -> Completion | None:
         """Sample `req`'s next token from `logits`; return a Completion if `req` stopped."""
