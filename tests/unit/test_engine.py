@@ -190,6 +190,22 @@ def test_version_mismatch_raises_and_keeps_the_request(weights):
     assert {c.engine_version for c in done.values()} == {1} and len(done) == 2
 
 
+def test_a_context_past_the_model_positions_is_refused_at_add(weights):
+    engine = make_engine(weights)  # max_position_embeddings = 256
+    fits = spec(3, plen=6, max_new=250)  # 6 prompt tokens: prompt + max_new_tokens = 256
+    assert len(fits.prompt_tokens) == 6
+    engine.add(fits)
+    too_long = spec(3, sample=1, plen=6, max_new=251)
+    with pytest.raises(ValueError, match=r"request \(0, 3, 1\): 6 prompt tokens \+ 251 "
+                                         r"max_new_tokens = 257 .*max_position_embeddings 256"):
+        engine.add(too_long)
+    migrated = InflightRequest(spec=too_long, generated=[5] * 3, logprobs=[-1.0] * 3,
+                               rng_state=torch.Generator().get_state().numpy().tobytes())
+    with pytest.raises(ValueError, match=r"\(3 generated\).*max_position_embeddings 256"):
+        engine.add(migrated)
+    assert engine.num_waiting == 1  # only the request that fits was queued
+
+
 def test_load_weights_is_strict_and_in_place(weights):
     engine = make_engine(weights)
     param = next(engine.model.parameters())

@@ -93,7 +93,10 @@ def sample_token(logits: torch.Tensor, temperature: float,
 
 class RolloutEngine(EngineBase):
     """Continuous-batching, batch-invariant generation for one rollout device (the common
-    part: `EngineBase`)."""
+    part: `EngineBase`). A request must fit the model's positions (`max_position_embeddings`:
+    prompt + max_new_tokens), as it must fit vLLM's `max_model_len`."""
+
+    context_limit_name = "max_position_embeddings"
 
     def __init__(self, model: torch.nn.Module, *, eos_token_id: int, device_index: int,
                  max_running: int = 32, batch_invariant: bool = True,
@@ -102,8 +105,9 @@ class RolloutEngine(EngineBase):
         """Take ownership of `model` (a transformers causal LM accepting `cache=`): it is moved to
         `torch_device`, put in eval mode and frozen. `device_index` is stamped on completions.
         `forward_rows` > 0: fixed-row forwards; `speculation`: draft and verify (needs them)."""
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         super().__init__(eos_token_id=eos_token_id, device_index=device_index,
-                         max_running=max_running)
+                         max_running=max_running, max_context_tokens=positions)
         if forward_rows < 0 or (forward_rows and not batch_invariant):
             raise ValueError(f"forward_rows = {forward_rows}: must be >= 0, and 0 unless "
                              f"batch_invariant")

@@ -82,14 +82,18 @@ class EngineBase:
 
     greedy_ok = True
     """Whether temperature 0 (greedy) is served; else requests need temperature > 0."""
+    context_limit_name = "max_context_tokens"
+    """The name of `max_context_tokens` in the engine's own terms (for refusals)."""
 
     def __init__(self, *, eos_token_id: int | None, device_index: int,
-                 max_running: int) -> None:
+                 max_running: int, max_context_tokens: int | None = None) -> None:
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.eos_token_id = eos_token_id
         self.device_index = device_index
         self.max_running = max_running
+        self.max_context_tokens = max_context_tokens
+        """Most tokens a request may reach, prompt + max_new_tokens (None: no limit)."""
         self.version = 0
         self.stats = EngineStats()
         self._waiting: deque[InflightRequest] = deque()
@@ -132,7 +136,20 @@ class EngineBase:
             need = ">= 0" if self.greedy_ok else "> 0"
             raise ValueError(f"request {spec.key}: need temperature {need} and max_new_tokens "
                              f">= 1, got {spec.temperature} and {spec.max_new_tokens}")
+        self._check_context(item)
         self._waiting.append(item)
+
+    def _check_context(self, item: InflightRequest) -> None:
+        """Raise ValueError if `item` could outgrow the engine's context: its prompt plus
+        `max_new_tokens` (for a migrated request: prompt + generated prefix + the rest)."""
+        spec, limit = item.spec, self.max_context_tokens
+        total = len(spec.prompt_tokens) + spec.max_new_tokens
+        if limit is not None and total > limit:
+            done = f" ({len(item.generated)} generated)" if item.generated else ""
+            raise ValueError(f"request {spec.key}: {len(spec.prompt_tokens)} prompt tokens + "
+                             f"{spec.max_new_tokens} max_new_tokens = {total}{done} exceed "
+                             f"engine {self.device_index}'s {self.context_limit_name} {limit}; "
+                             f"allowed: prompt + max_new_tokens <= {limit}")
 
     def _check_admissible(self, item: InflightRequest) -> None:
         """Raise ValueError unless `item` can run here: this engine's version, a prompt, as

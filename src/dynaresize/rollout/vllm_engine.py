@@ -68,6 +68,7 @@ class VllmRolloutEngine(EngineBase):
     (the common part: `EngineBase`; sampling is never greedy)."""
 
     greedy_ok = False
+    context_limit_name = "max_model_len"
 
     def __init__(self, model_path: str, *, eos_token_id: int | None, device_index: int,
                  max_running: int = 32, max_model_len: int = 512,
@@ -77,7 +78,7 @@ class VllmRolloutEngine(EngineBase):
         """`eos_token_id` None: requests stop at `max_new_tokens` only (benchmarks);
         `speculation`: draft and verify (`rollout.vllm_speculative`)."""
         super().__init__(eos_token_id=eos_token_id, device_index=device_index,
-                         max_running=max_running)
+                         max_running=max_running, max_context_tokens=max_model_len)
         self._filler = eos_token_id or 0
         """Token of the warm-up and companion prompts."""
         self.max_model_len = max_model_len
@@ -218,10 +219,10 @@ class VllmRolloutEngine(EngineBase):
         spec = item.spec
         self._check_admissible(item)
         context = [*spec.prompt_tokens, *item.generated]
-        remaining = spec.max_new_tokens - len(item.generated)
-        if remaining < 1 or len(context) + remaining > self.max_model_len:
-            raise ValueError(f"request {spec.key}: {len(context)} context tokens + {remaining} "
-                             f"to generate do not fit max_model_len {self.max_model_len}")
+        remaining = spec.max_new_tokens - len(item.generated)  # fits max_model_len (add)
+        if remaining < 1:
+            raise ValueError(f"request {spec.key}: {len(item.generated)} tokens generated, "
+                             f"nothing left of max_new_tokens {spec.max_new_tokens}")
         request_id = f"{spec.step}-{spec.prompt}-{spec.sample}-{next(self._ids)}"
         params = SamplingParams(
             # the run's EOS only: with ignore_eos false vLLM also stops at every EOS id of the
