@@ -107,6 +107,20 @@ def test_weight_reload_in_place_and_version_check(engine: Any, model: Any) -> No
     assert {k: c.tokens for k, c in restored.items()} == {k: c.tokens for k, c in before.items()}
 
 
+def test_add_refuses_a_request_that_could_not_run(engine: Any) -> None:
+    from vllm_tiny import VOCAB
+
+    v, limit = engine.version, engine.max_model_len
+    with pytest.raises(ValueError, match=f"11 max_new_tokens = {limit + 1} .*max_model_len"):
+        engine.add(RequestSpec(0, 9, 0, v, (3,) * (limit - 10), 11, 1))
+    with pytest.raises(ValueError, match=f"token id {VOCAB} is outside"):
+        engine.add(RequestSpec(0, 9, 0, v, (3, VOCAB), 4, 1))
+    with pytest.raises(ValueError, match="needs version"):
+        engine.add(RequestSpec(0, 9, 0, v + 1, (3, 4), 4, 1))
+    assert engine.num_waiting == 0
+    assert len(run_all(engine, specs(2))) == 2  # nothing bad was queued: it still serves
+
+
 def test_only_the_runs_eos_ends_a_request(engine: Any) -> None:
     """A checkpoint's generation_config.json may list more EOS ids (Qwen2.5-, Llama-3-Instruct
     list two); vLLM used to stop at those too, cutting responses the builtin engine goes on

@@ -178,16 +178,63 @@ def test_run_returns_when_a_request_finishes(weights):
     assert engine.stats.num_generated_tokens == 8
 
 
-def test_version_mismatch_raises_and_keeps_the_request(weights):
+def _rng_state() -> bytes:
+    return torch.Generator().get_state().numpy().tobytes()
+
+
+INADMISSIBLE = {
+    "needs version 1": lambda: spec(1, version=1),
+    "empty prompt": lambda: RequestSpec(0, 1, 0, 0, (), 4, 1),
+    "2 tokens but 1 log-probs": lambda: InflightRequest(spec(1), [5, 6], [-1.0], _rng_state()),
+    "no rng_state": lambda: InflightRequest(spec(1), [5], [-1.0]),
+    "nothing left": lambda: InflightRequest(spec(1, max_new=2), [5, 6], [-1.0] * 2,
+                                            _rng_state()),
+    "token id 32 is outside": lambda: RequestSpec(0, 1, 0, 0, (3, 32, 4), 4, 1),
+    "temperature": lambda: spec(1, temperature=-1.0),
+}
+
+
+@pytest.mark.parametrize("why", list(INADMISSIBLE))
+def test_add_refuses_a_request_that_could_not_run_and_queues_nothing(weights, why):
     engine = make_engine(weights)
-    engine.add(spec(1, version=1))
-    with pytest.raises(ValueError, match="version"):
-        engine.step()
-    assert engine.num_waiting == 1  # not dropped: exportable or runnable after load_weights
+    with pytest.raises(ValueError, match=r"request \(0, 1, 0\)") as refused:
+        engine.add(INADMISSIBLE[why]())
+    assert why in str(refused.value)
+    assert engine.num_waiting == 0  # nothing bad entered the queue: the engine still serves
+    engine.add(spec(2, max_new=3))
+    assert [c.spec.prompt for c in drain(engine).values()] == [2]
+
+
+def test_requests_come_after_their_version_loads(weights):
+    engine = make_engine(weights)
+    engine.add(spec(1))  # queued at version 0: a load may not leave it stale in the queue
+    with pytest.raises(RuntimeError, match="cannot load version 1 while 1 requests"):
+        engine.load_weights(weights, version=1)
+    assert engine.export_inflight()[0].spec.key == spec(1).key
     engine.load_weights(weights, version=1)
     engine.add(spec(2, version=1, max_new=2))
     done = drain(engine)
-    assert {c.engine_version for c in done.values()} == {1} and len(done) == 2
+    assert {c.engine_version for c in done.values()} == {1} and len(done) == 1
+
+
+def test_a_request_failing_admission_leaves_the_queue_and_the_others_run(weights, monkeypatch):
+    engine = make_engine(weights, max_running=2)
+    for p in range(4):
+        engine.add(spec(p, max_new=3))
+    admit = engine._admit
+
+    def broken(item):  # what add cannot foresee (the model's forward fails on this context)
+        if item.spec.prompt == 1:
+            raise RuntimeError("forward failed")
+        return admit(item)
+
+    monkeypatch.setattr(engine, "_admit", broken)
+    with pytest.raises(RuntimeError, match="forward failed") as failed:
+        engine.step()
+    assert any("request (0, 1, 0)" in note and "left the queue" in note
+               for note in failed.value.__notes__)
+    assert engine.num_running + engine.num_waiting == 3  # not wedged: only it is gone
+    assert sorted(c.spec.prompt for c in drain(engine).values()) == [0, 2, 3]
 
 
 def test_a_context_past_the_model_positions_is_refused_at_add(weights):
@@ -199,8 +246,7 @@ def test_a_context_past_the_model_positions_is_refused_at_add(weights):
     with pytest.raises(ValueError, match=r"request \(0, 3, 1\): 6 prompt tokens \+ 251 "
                                          r"max_new_tokens = 257 .*max_position_embeddings 256"):
         engine.add(too_long)
-    migrated = InflightRequest(spec=too_long, generated=[5] * 3, logprobs=[-1.0] * 3,
-                               rng_state=torch.Generator().get_state().numpy().tobytes())
+    migrated = InflightRequest(too_long, [5] * 3, [-1.0] * 3, _rng_state())
     with pytest.raises(ValueError, match=r"\(3 generated\).*max_position_embeddings 256"):
         engine.add(migrated)
     assert engine.num_waiting == 1  # only the request that fits was queued

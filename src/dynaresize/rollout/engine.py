@@ -106,8 +106,11 @@ class RolloutEngine(EngineBase):
         `torch_device`, put in eval mode and frozen. `device_index` is stamped on completions.
         `forward_rows` > 0: fixed-row forwards; `speculation`: draft and verify (needs them)."""
         positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") \
+            else None
         super().__init__(eos_token_id=eos_token_id, device_index=device_index,
-                         max_running=max_running, max_context_tokens=positions)
+                         max_running=max_running, max_context_tokens=positions,
+                         vocab_size=getattr(embeddings, "num_embeddings", None))
         if forward_rows < 0 or (forward_rows and not batch_invariant):
             raise ValueError(f"forward_rows = {forward_rows}: must be >= 0, and 0 unless "
                              f"batch_invariant")
@@ -140,6 +143,12 @@ class RolloutEngine(EngineBase):
             self.model.load_state_dict(state_dict, strict=True)
         self.version = version
 
+    def _check_request(self, item: InflightRequest) -> None:
+        """`EngineBase._check_request`; a migrated request also needs its generator state."""
+        super()._check_request(item)
+        if item.generated and item.rng_state is None:
+            raise ValueError(f"request {item.spec.key} has generated tokens but no rng_state")
+
     # ------------------------------------------------------------------ requests out
     def export_inflight(self) -> list[InflightRequest]:
         """Remove every running (first, in admission order) and waiting (FIFO) request and return
@@ -164,9 +173,7 @@ class RolloutEngine(EngineBase):
             return []
         t0 = time.perf_counter()
         with torch.inference_mode():
-            while self._waiting and len(self._running) < self.max_running:
-                self._running.append(self._admit(self._waiting[0]))
-                self._waiting.popleft()
+            self._admit_waiting(lambda item: self._running.append(self._admit(item)))
             if self.forward_rows:
                 logits = [None] * len(self._running)
             elif self.batch_invariant:
@@ -194,11 +201,8 @@ class RolloutEngine(EngineBase):
         generated prefix; token by token if batch-invariant) except the last token, which the next
         decode iteration feeds."""
         spec = item.spec
-        self._check_admissible(item)
         generator = torch.Generator(device="cpu")
         if item.rng_state is None:
-            if item.generated:
-                raise ValueError(f"request {spec.key} has generated tokens but no rng_state")
             generator.manual_seed(spec.seed)
         else:
             generator.set_state(torch.frombuffer(bytearray(item.rng_state), dtype=torch.uint8))

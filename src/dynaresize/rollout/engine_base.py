@@ -3,18 +3,19 @@
 The builtin engine (`rollout.engine.RolloutEngine`) and the vLLM engine
 (`rollout.vllm_engine.VllmRolloutEngine`) implement `Engine`; a device (`devices.actor`) holds
 one through it. Both derive from `EngineBase`, which holds what they do alike: the accessors,
-the guard on loading weights while requests of another version run, queueing (`add`, with
-request validation), the checks a request passes before it is admitted, and the `run` loop
-over `step`. How a request is decoded (`step`, `export_inflight`) is each engine's own. The
-twin's engine (`sim.engine_model.SimEngine`) works in modelled time and is held by `SimDevice`
-behind the same device seam (`protocols.RolloutOps`), not through `Engine`.
+the guard on loading weights while requests of another version are held, queueing (`add`
+refuses a request that could not run here, so nothing bad is queued), admission (a request
+that fails it leaves the queue: the others still run), and the `run` loop over `step`. How a
+request is decoded (`step`, `export_inflight`) is each engine's own. The twin's engine
+(`sim.engine_model.SimEngine`) works in modelled time and is held by `SimDevice` behind the
+same device seam (`protocols.RolloutOps`), not through `Engine`.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,8 +86,8 @@ class EngineBase:
     context_limit_name = "max_context_tokens"
     """The name of `max_context_tokens` in the engine's own terms (for refusals)."""
 
-    def __init__(self, *, eos_token_id: int | None, device_index: int,
-                 max_running: int, max_context_tokens: int | None = None) -> None:
+    def __init__(self, *, eos_token_id: int | None, device_index: int, max_running: int,
+                 max_context_tokens: int | None = None, vocab_size: int | None = None) -> None:
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.eos_token_id = eos_token_id
@@ -94,6 +95,8 @@ class EngineBase:
         self.max_running = max_running
         self.max_context_tokens = max_context_tokens
         """Most tokens a request may reach, prompt + max_new_tokens (None: no limit)."""
+        self.vocab_size = vocab_size
+        """Token ids must be below this (None: not checked by `add`)."""
         self.version = 0
         self.stats = EngineStats()
         self._waiting: deque[InflightRequest] = deque()
@@ -119,25 +122,53 @@ class EngineBase:
         return sum(len(r.spec.prompt_tokens) + len(r.generated) for r in self._active())
 
     def _check_load(self, version: int) -> None:
-        """Raise RuntimeError if requests of another version run (export them first)."""
-        running = len(self._active())
-        if running and version != self.version:
+        """Raise RuntimeError if requests of another version run or wait (export them first):
+        every request an engine holds is of its version (`add` checks it), so a request is
+        added after its version loads (as the rollout loop does, design §2)."""
+        held = len(self._active()) + len(self._waiting)
+        if held and version != self.version:
             raise RuntimeError(f"engine {self.device_index}: cannot load version {version} while "
-                               f"{running} requests of version {self.version} run")
+                               f"{held} requests of version {self.version} run or wait (export "
+                               f"them first)")
 
     # ------------------------------------------------------------------ requests in
     def add(self, item: RequestSpec | InflightRequest) -> None:
-        """Queue a new request or a migrated one (continued from its prefix)."""
+        """Queue a new request or a migrated one (continued from its prefix). One that could
+        not run here is refused with a ValueError (`_check_request`) and not queued."""
         if isinstance(item, RequestSpec):
             item = InflightRequest(spec=item)
-        spec = item.spec
+        self._check_request(item)
+        self._waiting.append(item)
+
+    def _check_request(self, item: InflightRequest) -> None:
+        """Raise ValueError unless `item` can run here: sampling settings this engine serves,
+        this engine's version, a prompt, as many log-probs as generated tokens, tokens left to
+        generate, token ids in the vocabulary, a context that fits (`_check_context`)."""
+        spec, num_done = item.spec, len(item.generated)
         if spec.temperature < 0 or (spec.temperature == 0 and not self.greedy_ok) \
                 or spec.max_new_tokens < 1:
             need = ">= 0" if self.greedy_ok else "> 0"
             raise ValueError(f"request {spec.key}: need temperature {need} and max_new_tokens "
                              f">= 1, got {spec.temperature} and {spec.max_new_tokens}")
+        if spec.version != self.version:
+            raise ValueError(f"request {spec.key} needs version {spec.version}, engine "
+                             f"{self.device_index} holds version {self.version} (add a request "
+                             f"after its version loads)")
+        if not spec.prompt_tokens:
+            raise ValueError(f"request {spec.key} has an empty prompt")
+        if num_done != len(item.logprobs):
+            raise ValueError(f"request {spec.key}: {num_done} tokens but "
+                             f"{len(item.logprobs)} log-probs")
+        if num_done >= spec.max_new_tokens:
+            raise ValueError(f"request {spec.key}: {num_done} tokens generated, nothing left "
+                             f"of max_new_tokens {spec.max_new_tokens}")
+        ids = (*spec.prompt_tokens, *item.generated)
+        if self.vocab_size is not None and not 0 <= min(ids) <= max(ids) < self.vocab_size:
+            bad = next(t for t in ids if not 0 <= t < self.vocab_size)
+            raise ValueError(f"request {spec.key}: token id {bad} is outside engine "
+                             f"{self.device_index}'s vocabulary (allowed: 0 <= id < "
+                             f"{self.vocab_size})")
         self._check_context(item)
-        self._waiting.append(item)
 
     def _check_context(self, item: InflightRequest) -> None:
         """Raise ValueError if `item` could outgrow the engine's context: its prompt plus
@@ -151,18 +182,18 @@ class EngineBase:
                              f"engine {self.device_index}'s {self.context_limit_name} {limit}; "
                              f"allowed: prompt + max_new_tokens <= {limit}")
 
-    def _check_admissible(self, item: InflightRequest) -> None:
-        """Raise ValueError unless `item` can run here: this engine's version, a prompt, as
-        many log-probs as generated tokens."""
-        spec = item.spec
-        if spec.version != self.version:
-            raise ValueError(f"request {spec.key} needs version {spec.version}, engine "
-                             f"{self.device_index} holds version {self.version}")
-        if not spec.prompt_tokens:
-            raise ValueError(f"request {spec.key} has an empty prompt")
-        if len(item.generated) != len(item.logprobs):
-            raise ValueError(f"request {spec.key}: {len(item.generated)} tokens but "
-                             f"{len(item.logprobs)} log-probs")
+    def _admit_waiting(self, admit: Callable[[InflightRequest], None]) -> None:
+        """Admit queued requests, FIFO, by `admit` while fewer than `max_running` run. One
+        that fails admission (what `add` cannot foresee) leaves the queue and its error is
+        raised, noted with its key: the engine is not wedged, the others run next `step`."""
+        while self._waiting and len(self._active()) < self.max_running:
+            item = self._waiting.popleft()
+            try:
+                admit(item)
+            except Exception as exc:
+                exc.add_note(f"engine {self.device_index}: request {item.spec.key} failed "
+                             f"admission and left the queue")
+                raise
 
     # ------------------------------------------------------------------ decoding
     def run(self, max_s: float, until_empty: bool = False) -> list[Completion]:

@@ -105,6 +105,7 @@ class VllmRolloutEngine(EngineBase):
                            distributed_executor_backend="uni", seed=0,
                            enable_sleep_mode=self.on_cuda, **_sampling_args(speculation))
         self.engine = self.llm.llm_engine
+        self.vocab_size = self.engine.model_config.get_vocab_size()  # checked by `add`
         if self.drafting is not None:
             self.llm.collective_rpc(functools.partial(install, drafting=self.drafting))
             if not self.drafting.installed:  # the worker got a copy: another process
@@ -177,9 +178,7 @@ class VllmRolloutEngine(EngineBase):
         if not self._waiting and not self._live:
             return []
         t0 = time.perf_counter()
-        while self._waiting and len(self._live) < self.max_running:
-            self._submit(self._waiting[0])  # a refused request stays queued (builtin alike)
-            self._waiting.popleft()
+        self._admit_waiting(self._submit)  # one vLLM refuses leaves the queue (builtin alike)
         self._keep_company()
         finished: list[Completion] = []
         for out in self.engine.step():
@@ -217,12 +216,8 @@ class VllmRolloutEngine(EngineBase):
         from dynaresize.rollout.gumbel import OFFSET, SEED, TEMPERATURE
 
         spec = item.spec
-        self._check_admissible(item)
         context = [*spec.prompt_tokens, *item.generated]
-        remaining = spec.max_new_tokens - len(item.generated)  # fits max_model_len (add)
-        if remaining < 1:
-            raise ValueError(f"request {spec.key}: {len(item.generated)} tokens generated, "
-                             f"nothing left of max_new_tokens {spec.max_new_tokens}")
+        remaining = spec.max_new_tokens - len(item.generated)  # >= 1, fits max_model_len (add)
         request_id = f"{spec.step}-{spec.prompt}-{spec.sample}-{next(self._ids)}"
         params = SamplingParams(
             # the run's EOS only: with ignore_eos false vLLM also stops at every EOS id of the
