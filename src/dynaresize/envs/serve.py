@@ -6,7 +6,9 @@ loaded engine; the loop steps its engine while it has work and waits only when i
 an engine never idles while requests are queued on it, whatever tools are running: the
 environment's wait is the driver's `await`, not the engine's. Each loop keeps its busy
 intervals (clock seconds inside `step`), from which `overlap_s` reports how much engine work
-ran during environment waits.
+ran during environment waits. If a serve loop dies (its engine's `step` raises, or anything
+else in the loop), the server fails: every pending turn and every later call raises that
+loop's error, and so does leaving `serving()`; no caller waits forever.
 
 Migrations and deaths, for tests of the contract (design §2.3) in miniature:
 
@@ -108,6 +110,8 @@ class EngineTurns:
         self._futures: dict[tuple[int, int, int], asyncio.Future[Completion]] = {}
         self._wake = [asyncio.Event() for _ in self.engines]
         self._stop = False
+        self.error: BaseException | None = None
+        """The error a serve loop died of (the server is then failed); None while serving."""
 
     def _pick(self) -> int:
         loads = [(e.num_waiting + e.num_running, i) for i, e in enumerate(self.engines)
@@ -115,17 +119,29 @@ class EngineTurns:
         return min(loads)[1]
 
     async def __call__(self, request: TurnRequest) -> Completion:
+        """The turn's completion; raises the error of a dead serve loop (`error`), or the
+        engine's refusal of the request (nothing is left in flight then)."""
+        if self.error is not None:
+            raise self.error
         key = request.spec.key
         if key in self._futures:
             raise RuntimeError(f"turn {request.key}: its episode already has a turn in flight")
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        self._futures[key] = future
         i = self._pick()
         self.engines[i].add(request.spec)
+        self._futures[key] = future
         self._wake[i].set()
         return await future
 
     async def _serve(self, i: int) -> None:
+        """Engine `i`'s serve loop; if it dies, the whole server fails with its error
+        (`_fail`), so no turn waits for a loop that is gone."""
+        try:
+            await self._serve_loop(i)
+        except Exception as exc:
+            self._fail(exc)
+
+    async def _serve_loop(self, i: int) -> None:
         engine, stats, wake = self.engines[i], self.stats[i], self._wake[i]
         while not self._stop:
             if not self.live[i] or engine.num_waiting + engine.num_running == 0:
@@ -133,23 +149,36 @@ class EngineTurns:
                 await wake.wait()
                 continue
             start = self.clock.now()
-            try:
-                done = await engine.step()
-            except Exception as exc:  # fail every waiting episode instead of hanging them
-                for future in self._futures.values():
-                    if not future.done():
-                        future.set_exception(exc)
-                self._futures.clear()
-                raise
+            done = await engine.step()
+            if self.error is not None:  # another loop died meanwhile: its turns are failed
+                return
             stats.busy.append((start, self.clock.now()))
             for completion in done:
+                future = self._futures.pop(completion.spec.key, None)
+                if future is None:
+                    raise RuntimeError(f"engine {i} completed request {completion.spec.key}, "
+                                       f"which no turn awaits")
                 stats.turns += 1
-                self._futures.pop(completion.spec.key).set_result(completion)
+                future.set_result(completion)
             await asyncio.sleep(0)  # let drivers and tools run between decode iterations
+
+    def _fail(self, exc: Exception) -> None:
+        """A serve loop died of `exc`: fail every pending turn with it (later calls raise it,
+        `__call__`), and stop every loop."""
+        if self.error is None:
+            self.error = exc
+        for future in self._futures.values():
+            if not future.done():
+                future.set_exception(exc)
+        self._futures.clear()
+        self._stop = True
+        for wake in self._wake:
+            wake.set()
 
     @asynccontextmanager
     async def serving(self) -> AsyncIterator[EngineTurns]:
-        """Run the serve loops for the duration of the block."""
+        """Run the serve loops for the duration of the block; leaving it raises the error a
+        loop died of (unless the block raised its own)."""
         tasks = [asyncio.create_task(self._serve(i)) for i in range(len(self.engines))]
         try:
             yield self
@@ -158,6 +187,8 @@ class EngineTurns:
             for wake in self._wake:
                 wake.set()
             await asyncio.gather(*tasks)
+        if self.error is not None:
+            raise self.error
 
     def _move(self, src: int, dst: int, keep_prefix: bool) -> int:
         if not self.live[dst] or src == dst:
