@@ -56,7 +56,8 @@ def _engines(cfg: Any, max_len: int, speculation: dict[str, Any]) -> dict[str, A
     """One in-process vLLM engine (fp32 SmolLM2-135M) per name of `speculation`, each with that
     name's `SpeculationSettings` (None: speculation off)."""
     from dynaresize.models import build_model
-    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, drop_model_dir, model_dir
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine
+    from dynaresize.rollout.vllm_world import drop_model_dir, model_dir
     from dynaresize.tasks import make_task
 
     tok = make_task(cfg).tokenizer

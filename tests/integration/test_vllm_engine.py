@@ -31,7 +31,8 @@ def model() -> Any:
 
 @pytest.fixture(scope="module")
 def engine(model: Any) -> Iterator[Any]:
-    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, model_dir
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine
+    from dynaresize.rollout.vllm_world import model_dir
 
     eng = VllmRolloutEngine(model_dir(model), eos_token_id=EOS, device_index=3, max_running=8,
                             kv_cache_bytes=32 * 2**20)
@@ -125,7 +126,8 @@ def test_only_the_runs_eos_ends_a_request(engine: Any) -> None:
     """A checkpoint's generation_config.json may list more EOS ids (Qwen2.5-, Llama-3-Instruct
     list two); vLLM used to stop at those too, cutting responses the builtin engine goes on
     with and labelling them 'length'."""
-    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, model_dir
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine
+    from dynaresize.rollout.vllm_world import model_dir
 
     items = specs(6)
     ref = run_all(engine, items)

@@ -27,7 +27,8 @@ def model() -> Any:
 @pytest.fixture(scope="module", params=[False, True], ids=["token-drafts", "coupled-drafts"])
 def engines(model: Any, request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     """(speculation off, on): on drafts tokens only, or also coupled drafts (`coupled`)."""
-    from dynaresize.rollout.vllm_engine import VllmRolloutEngine, model_dir
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine
+    from dynaresize.rollout.vllm_world import model_dir
 
     path = model_dir(model)
     settings = SpeculationSettings(max_draft_tokens=4, min_ngram=1, max_ngram=3,

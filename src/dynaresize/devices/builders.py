@@ -60,7 +60,7 @@ class DeviceBuilder:
 
         rollout = settings.rollout
         if rollout.engine == "vllm":  # vLLM in this process (docs/vllm.md)
-            from dynaresize.rollout.vllm_engine import build_vllm_engine
+            from dynaresize.rollout.vllm_build import build_vllm_engine
 
             # vLLM loads the template from disk: no copy of it on this device
             return build_vllm_engine(rollout, self.template(settings),

@@ -40,12 +40,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynaresize.config import RolloutConfig
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec
 from dynaresize.rollout.engine_base import EngineBase
-from dynaresize.rollout.speculative import Speculation, SpeculationSettings, settings_from_config
+from dynaresize.rollout.speculative import Speculation, SpeculationSettings
 from dynaresize.rollout.vllm_speculative import REQUEST, VllmDrafting, install
-from dynaresize.rollout.vllm_world import drop_model_dir, model_dir, private_world
+from dynaresize.rollout.vllm_world import private_world
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # several devices share the cores
@@ -292,21 +291,3 @@ def _sampling_args(speculation: SpeculationSettings | None) -> dict[str, Any]:
     return {"speculative_config": {
         "method": "custom_class", "model": "dynaresize.rollout.vllm_speculative.DraftProposer",
         "num_speculative_tokens": speculation.max_draft_tokens}}
-
-
-def build_vllm_engine(rollout: RolloutConfig, template: Any, *, eos_token_id: int,
-                      device_index: int,
-                      torch_device: str) -> VllmRolloutEngine:
-    """The engine of a rollout device: `template` (the version-0 transformers model) written
-    to /dev/shm for vLLM to load, served with the run's settings; the files go once loaded."""
-    max_len = min(int(getattr(template.config, "max_position_embeddings", 4096)), 4096)
-    try:
-        return VllmRolloutEngine(model_dir(template), eos_token_id=eos_token_id,
-                                 device_index=device_index,
-                                 max_running=rollout.max_running_requests,
-                                 max_model_len=max_len,
-                                 kv_cache_bytes=rollout.vllm_kv_cache_bytes,
-                                 torch_device=torch_device,
-                                 speculation=settings_from_config(rollout.speculative))
-    finally:
-        drop_model_dir(template)

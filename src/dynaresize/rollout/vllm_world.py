@@ -113,15 +113,20 @@ def vllm_groups_kept_apart() -> Iterator[None]:
 
 def model_dir(template: Any) -> str:
     """A directory holding `template` (a transformers model) as a checkpoint, written once per
-    template object, again if removed (vLLM loads models from disk; see `drop_model_dir`)."""
+    template object, again if removed (vLLM loads models from disk; see `drop_model_dir`). A
+    save that fails removes its directory."""
     path = getattr(template, "_dynaresize_vllm_dir", None)
     if path is None or not os.path.isfile(os.path.join(path, "config.json")):
         root = "/dev/shm" if os.path.isdir("/dev/shm") else None
         path = tempfile.mkdtemp(prefix="dynaresize-vllm-model-", dir=root)
-        with private_world():  # save_pretrained writes nothing on a world rank other than 0
-            template.save_pretrained(path)
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise RuntimeError(f"saving the model for vLLM to {path} wrote no config.json")
+        try:
+            with private_world():  # save_pretrained writes nothing on a world rank but 0
+                template.save_pretrained(path)
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                raise RuntimeError(f"saving the model for vLLM to {path} wrote no config.json")
+        except BaseException:  # a partial save (a full /dev/shm): no folder is left behind
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         template._dynaresize_vllm_dir = path
         atexit.register(shutil.rmtree, path, True)
     return path

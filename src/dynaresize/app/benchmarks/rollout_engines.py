@@ -107,11 +107,15 @@ def run_rollout_bench(max_new_tokens: int = 64, extra: tuple[str, ...] = (),
                              eos_token_id=never, device_index=0, max_running=slots)
 
     def vllm() -> Any:
-        from dynaresize.rollout.vllm_engine import VllmRolloutEngine, model_dir
+        from dynaresize.rollout.vllm_engine import VllmRolloutEngine
+        from dynaresize.rollout.vllm_world import drop_model_dir, model_dir
 
-        return VllmRolloutEngine(model_dir(model), eos_token_id=None, device_index=0,
-                                 max_running=slots, max_model_len=512,
-                                 kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes)
+        try:
+            return VllmRolloutEngine(model_dir(model), eos_token_id=None, device_index=0,
+                                     max_running=slots, max_model_len=512,
+                                     kv_cache_bytes=cfg.rollout.vllm_kv_cache_bytes)
+        finally:  # loaded, or the start failed: the files in /dev/shm are not needed
+            drop_model_dir(model)
 
     result["engines"] = bench_engines({"builtin": builtin, "vllm": vllm}, state, vocab_size,
                                       max_new_tokens, progress)
