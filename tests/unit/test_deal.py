@@ -63,7 +63,7 @@ def test_a_pipelined_run_deals_joiners_across_groups() -> None:
             run.add_devices([engine])
             prompts[engine.index] = [w.prompt for w in run.pending_of(engine.index)]
         await run.wait()
-        return prompts, run.completions
+        return prompts, run.progress.completions
 
     prompts, completions = asyncio.run(main())
     assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(40))

@@ -247,7 +247,7 @@ class KillTailEngine:
             if clock.now() < 300:
                 continue
             for tail in pool.tails[1:]:
-                if 0 < len(tail.devices()) <= 2 and tail.remaining > 0:
+                if 0 < len(tail.devices()) <= 2 and tail.progress.remaining > 0:
                     self.killed.extend(tail.devices())
                     for index in tail.devices():
                         self.processes.kill(index)

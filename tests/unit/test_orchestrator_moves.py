@@ -211,7 +211,7 @@ def test_pipelined_tail_whose_last_engine_dies_is_finished_by_the_newest_step(
         tail = orch.engines.tail_run if orch is not None else None
         newest = orch.engines.run if orch is not None else None
         if (not killed and tail is not None and tail.devices() == [self.index]
-                and tail.remaining and newest is not tail and newest.devices()):
+                and tail.progress.remaining and newest is not tail and newest.devices()):
             killed.append(self.index)
             raise RuntimeError("device process died")
         return await orig(self, max_s, until_empty)

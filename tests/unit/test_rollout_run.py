@@ -64,7 +64,7 @@ def test_every_request_completes_once_within_capacity() -> None:
                          on_completions=lambda c: None)
         run.add_devices(engines)
         await run.wait()
-        return run.completions, engines
+        return run.progress.completions, engines
 
     completions, engines = asyncio.run(main())
     assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(40))
@@ -78,12 +78,12 @@ def test_leaving_device_migrates_its_requests_without_changing_tokens() -> None:
         run: RolloutRun
 
         def on_done(done: list[Completion]) -> None:
-            if run.num_finished >= 10 and not moved:
+            if run.progress.num_finished >= 10 and not moved:
                 moved.append(asyncio.ensure_future(leave(engines[1])))
 
         async def leave(engine: FakeEngine) -> None:
             await run.stop_admission(engine)
-            left_at.append(len(run.completions))
+            left_at.append(len(run.progress.completions))
             exported = await engine.export_inflight()
             migrated.extend(exported)
             run.requeue(engine, exported)
@@ -97,8 +97,8 @@ def test_leaving_device_migrates_its_requests_without_changing_tokens() -> None:
         await run.wait()
         await asyncio.gather(*moved)
         assert migrated, "the test must migrate something"
-        assert all(c.device == 0 for c in run.completions[left_at[0]:])
-        return run.completions
+        assert all(c.device == 0 for c in run.progress.completions[left_at[0]:])
+        return run.progress.completions
 
     completions = asyncio.run(main())
     keys = [c.spec.key for c in completions]
@@ -119,9 +119,9 @@ def test_hand_off_releases_idle_devices_and_keeps_the_last_until_the_end() -> No
         await run.drained.wait()  # 12 requests fit at once: the queue empties on dispatch
         run.add_devices([FakeEngine(4)])  # joins with nothing to do
         released: list[tuple[int, int]] = []  # (device, requests still unfinished)
-        run.hand_off(lambda d: released.append((d.index, run.remaining)))
+        run.hand_off(lambda d: released.append((d.index, run.progress.remaining)))
         await run.wait()
-        return run.completions, released, run.finished.is_set()
+        return run.progress.completions, released, run.finished.is_set()
 
     completions, released, finished = asyncio.run(main())
     assert sorted(c.spec.key for c in completions) == sorted(s.key for s in specs(12))
@@ -144,7 +144,7 @@ def test_a_run_waiting_for_devices_gives_each_only_its_share() -> None:
         await asyncio.sleep(0)
         run.add_devices(engines[1:])
         await run.wait()
-        return first_load, run.completions, engines
+        return first_load, run.progress.completions, engines
 
     first_load, completions, engines = asyncio.run(main())
     assert first_load == 10  # 40 requests, 4 devices expected (not 16, its max_running)
@@ -166,7 +166,7 @@ def test_a_deep_pipeline_gives_a_first_engine_share_factor_times_its_share() -> 
         await asyncio.sleep(0)
         run.add_devices(engines[1:])
         await run.wait()
-        return first_load, run.completions
+        return first_load, run.progress.completions
 
     first_load, completions = asyncio.run(main())
     assert first_load == 20  # 2 x 40 / 4 (with factor 1: 10, the test above)
@@ -184,22 +184,23 @@ def test_packing_moves_a_thinning_tail_onto_fewer_engines() -> None:
         run.add_devices(engines)
         await run.drained.wait()
         released: list[tuple[int, int, int]] = []  # (device, unfinished, engines left)
-        run.hand_off(lambda d: released.append((d.index, run.remaining, len(run.devices()))))
+        run.hand_off(lambda d: released.append(
+            (d.index, run.progress.remaining, len(run.devices()))))
         await run.wait()
         return run, released
 
     run, released = asyncio.run(main())
-    keys = [c.spec.key for c in run.completions]
+    keys = [c.spec.key for c in run.progress.completions]
     assert sorted(keys) == sorted(s.key for s in specs(24)) and len(set(keys)) == 24
-    for c in run.completions:
+    for c in run.progress.completions:
         assert c.tokens == [j + c.spec.sample for j in range(c.spec.max_new_tokens)]
-    assert run.num_migrated > 0, "the test must pack something"
+    assert run.progress.num_migrated > 0, "the test must pack something"
     assert sorted(d for d, _, _ in released) == [0, 1, 2, 3]
     # an engine left with work unfinished only while the rest held it at pack_batch each
     assert all(left * 4 >= remaining for _, remaining, left in released)
     # its tail began once 4 engines could hold the rest at light_batch (8) each
-    held_s = sum(b - a for a, b in run.busy_s.values())
-    assert run.light_s is not None and 0.0 < run.tail_device_s() < held_s
+    held_s = sum(b - a for a, b in run.progress.busy_s.values())
+    assert run.progress.light_s is not None and 0.0 < run.progress.tail_device_s() < held_s
     assert any(remaining > 0 and left >= 1 for _, remaining, left in released[:-1])
 
 
@@ -227,11 +228,11 @@ def test_an_engine_that_dies_while_packed_reruns_its_requests_elsewhere() -> Non
         return run, lost, released
 
     run, lost, released = asyncio.run(main())
-    keys = [c.spec.key for c in run.completions]
+    keys = [c.spec.key for c in run.progress.completions]
     assert sorted(keys) == sorted(s.key for s in specs(18)) and len(set(keys)) == 18
-    for c in run.completions:
+    for c in run.progress.completions:
         assert c.tokens == [j + c.spec.sample for j in range(c.spec.max_new_tokens)]
-    assert lost == [2] and 2 not in released and run.num_rerun > 0
+    assert lost == [2] and 2 not in released and run.progress.num_rerun > 0
 
 
 class GatedEngine(FakeEngine):
@@ -276,7 +277,8 @@ def test_an_engine_packed_away_is_leaving_before_another_may_go() -> None:
         released: list[tuple[int, int, int]] = []  # (device, unfinished, engines staying)
         engines[0].open_gate(finish=True)  # its last request completes in this iteration...
         # ...while packing (pack_batch 2) picks engine 1 (equal loads: highest index)
-        run.hand_off(lambda d: released.append((d.index, run.remaining, len(run.devices()))))
+        run.hand_off(lambda d: released.append(
+            (d.index, run.progress.remaining, len(run.devices()))))
         for _ in range(200):  # engine 1's slice ends empty (exported); then all complete
             if run.finished.is_set():
                 break
@@ -286,9 +288,9 @@ def test_an_engine_packed_away_is_leaving_before_another_may_go() -> None:
         return run, released
 
     run, released = asyncio.run(main())
-    assert run.num_migrated == 1, "the test must pack engine 1's request"
+    assert run.progress.num_migrated == 1, "the test must pack engine 1's request"
     assert all(left >= 1 for _, remaining, left in released if remaining), released
-    assert run.finished.is_set() and sorted(c.spec.key for c in run.completions) == \
+    assert run.finished.is_set() and sorted(c.spec.key for c in run.progress.completions) == \
         sorted(s.key for s in specs(2))
 
 
@@ -366,10 +368,10 @@ def test_a_request_lives_from_its_first_submission_to_its_completion() -> None:
         return run
 
     run = asyncio.run(main())
-    lives = {key: (tokens, life_s) for tokens, key, life_s in run.lives.lives}
+    lives = {key: (tokens, life_s) for tokens, key, life_s in run.progress.lives.lives}
     assert len(lives) == 8
     assert all(life_s == tokens for tokens, life_s in lives.values())
-    assert run.lives.tail_tokens_per_s() == 1.0
+    assert run.progress.lives.tail_tokens_per_s() == 1.0
 
 
 def test_work_handed_back_beyond_the_engines_slots_makes_the_run_not_drained() -> None:
@@ -424,6 +426,6 @@ def test_a_dropped_device_result_in_transit_is_not_counted_twice() -> None:
         return run, reqs
 
     run, reqs = asyncio.run(main())
-    keys = [c.spec.key for c in run.completions]
+    keys = [c.spec.key for c in run.progress.completions]
     assert sorted(keys) == sorted(r.key for r in reqs), keys
-    assert run.remaining == 0, run.remaining
+    assert run.progress.remaining == 0, run.progress.remaining

@@ -100,7 +100,7 @@ def _rollout(num_requests: int, num_devices: int) -> tuple[list[list[Completion]
 
     run = clock.run(main())
     assert sorted(c.spec.key for r in reports for c in r) == sorted(s.key for s in specs)
-    assert sum(map(len, reports)) == len(run.completions) == run.total
+    assert sum(map(len, reports)) == len(run.progress.completions) == run.progress.total
     return reports, returns[0]
 
 

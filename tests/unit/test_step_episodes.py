@@ -74,7 +74,7 @@ async def _run(num_engines: int, migrate: bool, latency_s: float = 0.0
     engines = [SeededEngine(i) for i in range(num_engines)]
     run.add_devices(engines)
     if migrate:
-        while run.num_finished < 7:  # mid-episode: some episodes are past turn 0
+        while run.progress.num_finished < 7:  # mid-episode: some episodes are past turn 0
             await asyncio.sleep(0)
         await run.stop_admission(engines[-1])
         run.requeue(engines[-1], await engines[-1].export_inflight())
@@ -84,8 +84,8 @@ async def _run(num_engines: int, migrate: bool, latency_s: float = 0.0
 
 def test_every_turn_runs_in_one_held_run_and_the_env_is_asked_once_per_turn() -> None:
     episodes, run = asyncio.run(_run(2, migrate=False))
-    assert run.num_open == 0 and run.remaining == 0
-    assert run.total == 6 * 3  # three turns each (never right), all in the one run
+    assert run.num_open == 0 and run.progress.remaining == 0
+    assert run.progress.total == 6 * 3  # three turns each (never right), all in the one run
     assert episodes.max_env_calls_per_turn == 1
     got = episodes.assemble({(p, j) for p in PROMPTS for j in range(2)}, 0.0, True, None)
     assert [r["num_turns"] for r in got.records] == [3] * 6
@@ -107,7 +107,7 @@ def test_records_do_not_depend_on_engines_or_a_mid_episode_migration() -> None:
     expected = {(p, j) for p in PROMPTS for j in range(2)}
     static, _ = asyncio.run(_run(1, migrate=False))
     moved, run = asyncio.run(_run(3, migrate=True))
-    assert run.num_finished == run.total
+    assert run.progress.num_finished == run.progress.total
     assert view(static.assemble(expected, 0.0, True, None)) == \
         view(moved.assemble(expected, 0.0, True, None))
     assert moved.max_env_calls_per_turn == 1

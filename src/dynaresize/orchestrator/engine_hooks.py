@@ -92,7 +92,7 @@ class ResizeHooks:
             assert not exported, "requests in flight outside a rollout step"
             return
         run.requeue(device, exported)
-        if self.is_tail(run) and run.remaining and not run.devices():
+        if self.is_tail(run) and run.progress.remaining and not run.devices():
             self.rescue_tail(run, run.version, device.index)
 
     def start_serving(self, device: Device) -> None:

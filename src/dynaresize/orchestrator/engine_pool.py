@@ -160,7 +160,7 @@ class EnginePool(EngineRescue, ResizeHooks):
         # its own engines alone serve its queue once it hands off: they must hold it all,
         # each no more than the share cap it had while waiting for engines (`gathered`)
         cap = run.share_cap(self.num_rollout_devices())
-        if self._tail_devices or run.remaining > len(run.devices()) * cap:
+        if self._tail_devices or run.progress.remaining > len(run.devices()) * cap:
             return False
         held = set(run.held_devices()) | self.tail_busy()
         return all(d.index in held for d in self.rollout_devices())

@@ -166,7 +166,7 @@ class Recovery:
         if device.index not in self.lost:
             self._fence(device.index, f"{type(exc).__name__} during rollout")
             run = self.engines.run
-            self.records[-1]["rerun_requests"] = run.num_rerun if run is not None else 0
+            self.records[-1]["rerun_requests"] = run.progress.num_rerun if run is not None else 0
         return True
 
     def find_dead(self, how: str) -> bool:

@@ -180,7 +180,7 @@ class RolloutLoop:
             if not recovery.on_rollout_lost(device, exc):
                 return False
             run = rollout.run
-            if run is not None and engines.is_tail(run) and run.remaining \
+            if run is not None and engines.is_tail(run) and run.progress.remaining \
                     and not run.devices():
                 engines.rescue_tail(run, rollout.version, device.index)
             return True
@@ -215,12 +215,12 @@ class RolloutLoop:
         self.engines.end_run(run)
         if previous is not None:
             await previous  # ends in step order (pipeline.Endings)
-        for device, (a, b) in run.busy_s.items():
+        for device, (a, b) in run.progress.busy_s.items():
             self.rundir.event(a, b, device, "rollout", critical=True, step=rollout.step)
         got = rollout.assemble()
         if rollout.filter_rate is not None:
             self.filter_rates[rollout.step] = rollout.filter_rate
-        self.num_migrated += run.num_migrated
+        self.num_migrated += run.progress.num_migrated
         if rollout.episodes is not None:
             self.episode_totals.add(rollout.episodes)
         self.rundir.samples(got.records)

@@ -224,7 +224,7 @@ class StepRollout:
     def progress(self) -> float:
         """The share of the run's requests finished."""
         assert self.run is not None
-        return self.run.num_finished / self.run.total
+        return self.run.progress.num_finished / self.run.progress.total
 
     def assemble(self) -> StepSamples:
         """The ended run's samples and records (raises if one is missing or extra)."""
@@ -240,18 +240,18 @@ class StepRollout:
             inside = set(batch)
             got, self.filter_rate = assemble_dynamic(
                 self.step, self.version, batch,
-                [c for c in run.completions if c.spec.prompt in inside],
+                [c for c in run.progress.completions if c.spec.prompt in inside],
                 {k: r for k, r in self.rewards.items() if k[0] in inside},
                 s.samples_per_prompt, s.prompts_per_step, end_s - self.started_s,
                 s.record_tokens, s.adv_spec)
         else:
-            got = assemble_step(self.step, self.version, self.expected(), run.completions,
+            got = assemble_step(self.step, self.version, self.expected(), run.progress.completions,
                                 self.rewards, end_s - self.started_s, s.record_tokens,
                                 stream.samples if stream is not None else None, s.adv_spec)
         return dataclasses.replace(
-            got, rollout_device_s=sum(b - a for a, b in run.busy_s.values()),
-            rollout_tail_device_s=run.tail_device_s(),
-            tail_tokens_per_s=run.lives.tail_tokens_per_s(),
+            got, rollout_device_s=sum(b - a for a, b in run.progress.busy_s.values()),
+            rollout_tail_device_s=run.progress.tail_device_s(),
+            tail_tokens_per_s=run.progress.lives.tail_tokens_per_s(),
             ready_profile=stream.ready_profile(self.started_s, self.clock.now())
             if stream is not None else ())
 

@@ -31,8 +31,8 @@ class RunViews:
         run, state, resizer = self.engines.run, self.state, self.resizer
         return RunView(step=state.step, now_s=self.clock.now(), allocation=state.allocation,
                        staleness=self.staleness,
-                       rollout_total=run.total if run else 0,
-                       rollout_finished=run.num_finished if run else 0,
+                       rollout_total=run.progress.total if run else 0,
+                       rollout_finished=run.progress.num_finished if run else 0,
                        rollout_started_s=state.rollout_started_s,
                        history=state.history, resize_critical_s=resizer.critical_s,
                        resize_wall_s=resizer.wall_s,

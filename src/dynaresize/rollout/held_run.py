@@ -62,7 +62,7 @@ class HeldRun(RolloutRun):
         self._set_finished()
 
     def _set_finished(self) -> None:
-        if self.error is None and (self.num_open > 0 or self.remaining > 0):
+        if self.error is None and (self.num_open > 0 or self.progress.remaining > 0):
             return  # an episode still has a turn to come
         super()._set_finished()
 

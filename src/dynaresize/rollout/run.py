@@ -10,11 +10,12 @@ on the other engines.
 Progress reaches `on_completions` in batches of at least `PROGRESS_FRACTION` (1%) of the requests
 in flight, always before the run finishes; dispatch happens at every completion. A run is built
 complete (`RunSettings`, callbacks, the pool's `Arrivals`) and changed only through its methods.
-Its parts: `slots` (engines, dispatch), `tail_order` (`rollout.tail_policy`'s queue strategy),
+Its parts: `slots` (engines, dispatch), `run_progress` (request counts, completions and their
+batches, busy spans, request lives), `tail_order` (`rollout.tail_policy`'s queue strategy),
 `handoff` (when a pipelined run's engines leave), `run_moves` (moving requests off a live
-engine, packing a handed-off tail or spreading a thin one: one routine,
-`_export_and_requeue`). Consumes: one step's RequestSpecs. Waits for: device slices.
-Produces: Completions (`on_completions`), busy intervals. Unblocked by: the last completion.
+engine, packing a handed-off tail or spreading a thin one: one routine, `_export_and_requeue`).
+Consumes: one step's RequestSpecs. Waits for: device slices. Produces: Completions
+(`on_completions`), busy intervals (`progress.busy_s`). Unblocked by: the last completion.
 """
 
 from __future__ import annotations
@@ -25,16 +26,10 @@ from collections.abc import Callable, Sequence
 
 from dynaresize.core.types import Completion
 from dynaresize.protocols import Clock, RolloutOps
-from dynaresize.rollout.lives import RequestLives
 from dynaresize.rollout.run_moves import RequestMoves
-from dynaresize.rollout.run_settings import (
-    BULK_MIN_FREE,
-    DRAIN_SLICES,
-    PROGRESS_FRACTION,
-    Arrivals,
-    RunSettings,
-)
-from dynaresize.rollout.slots import EngineSlot, SlotTable, Work, work_key
+from dynaresize.rollout.run_progress import RunProgress
+from dynaresize.rollout.run_settings import BULK_MIN_FREE, DRAIN_SLICES, Arrivals, RunSettings
+from dynaresize.rollout.slots import EngineSlot, SlotTable, Work
 from dynaresize.rollout.tail_order import TailOrder
 
 
@@ -61,34 +56,20 @@ class RolloutRun(RequestMoves):
         self.drain = None if settings.spread and self.tail is not None else drain
         self.may_spread = may_spread
         self.arrivals = arrivals
-        self.num_rerun = 0
-        """Requests restarted from scratch because their device died."""
         self.error: BaseException | None = None
         self.queue: deque[Work] = deque(requests if self.tail is None
                                         else self.tail.first_order(requests))
-        self.total = len(requests)
-        self.remaining = len(requests)
-        self.completions: list[Completion] = []
-        self._unreported: list[Completion] = []
-        """Finished, not yet handed to `on_completions` (PROGRESS_FRACTION)."""
-        self.busy_s: dict[int, list[float]] = {}
-        """device → [first slice start, last slice end] in this step."""
-        self.lives = RequestLives()
-        """Each request's first submission and life (the step's `tail_tokens_per_s`)."""
+        self.progress = RunProgress(clock, len(requests))
+        """Request counts, completions, busy spans, request lives (`rollout.run_progress`)."""
         self.finished = asyncio.Event()
         self.drained = asyncio.Event()
         """Set once every request has been dispatched to a device (the queue is empty)."""
-        self.light_s: float | None = None
-        """When the remaining requests first fit on the run's engines at `light_batch` each:
-        from then on engines wait for their last requests (`tail_device_s`)."""
         self._on_idle: Callable[[RolloutOps], None] | None = None
         """`hand_off`'s callback: where a device goes once nothing is left for it here."""
-        self.num_migrated = 0
-        """Requests moved to another engine by packing or spreading."""
         self._packing: asyncio.Task[None] | None = None
         self._spreading: asyncio.Task[None] | None = None
         self._slots = SlotTable()
-        if self.remaining == 0:
+        if self.progress.remaining == 0:
             self._set_finished()
 
     def _set_finished(self) -> None:
@@ -98,17 +79,8 @@ class RolloutRun(RequestMoves):
         self.drained.set()
 
     @property
-    def num_finished(self) -> int:
-        return self.total - self.remaining
-
-    @property
     def num_spread(self) -> int:
         return self.tail.num_spread if self.tail is not None else 0
-
-    def tail_device_s(self) -> float:
-        """Device-seconds engines were held in the run's tail (after `light_s`)."""
-        start = self.light_s if self.light_s is not None else self.clock.now()
-        return sum(max(0.0, b - max(a, start)) for a, b in self.busy_s.values())
 
     def devices(self) -> list[int]:
         return sorted(s.index for s in self._slots.active())
@@ -154,7 +126,7 @@ class RolloutRun(RequestMoves):
         """More requests, queued behind the others (dynamic sampling's top-up, next turns)."""
         self.queue.extend(requests)
         self.drained.clear()
-        self.total, self.remaining = self.total + len(requests), self.remaining + len(requests)
+        self.progress.add(len(requests))
         self._dispatch()
 
     def drop_lost(self, device: RolloutOps, exc: BaseException) -> None:
@@ -228,18 +200,13 @@ class RolloutRun(RequestMoves):
         """Its share of the remaining requests over `num_engines` (or the run's engines, if
         more) x `share_factor`, in 1..`max_running`: an engine's most while `arrivals`."""
         got, share = self.settings, max(num_engines, len(self._slots), 1)
-        return max(1, min(got.max_running, got.share_factor * -(-self.remaining // share)))
+        return max(1, min(got.max_running,
+                          got.share_factor * -(-self.progress.remaining // share)))
 
     def _report(self, completions: list[Completion]) -> None:
-        """Hand finished requests to `on_completions` at the PROGRESS_FRACTION granularity
-        (all of them once none is left)."""
-        batch = self._unreported
-        batch.extend(completions)
-        in_flight = self.remaining - len(self.queue) + len(batch)
-        if self.remaining and len(batch) < PROGRESS_FRACTION * in_flight:
-            return
-        self._unreported = []
-        self.on_completions(batch)
+        """Hand finished requests to `on_completions` in `RunProgress.to_report`'s batches."""
+        if (batch := self.progress.to_report(completions, len(self.queue))) is not None:
+            self.on_completions(batch)
 
     async def _drive(self, slot: EngineSlot) -> None:
         try:
@@ -262,7 +229,7 @@ class RolloutRun(RequestMoves):
         makes the tokens identical, design §2.3), or fail the run if the device is alive."""
         self._slots.pop(slot.index)
         lost = slot.lose()
-        self.num_rerun += len(lost)
+        self.progress.rerun(len(lost))
         self.queue.extendleft(reversed(lost))
         assert self.on_device_lost is not None
         if not self.on_device_lost(slot.device, exc):
@@ -281,13 +248,13 @@ class RolloutRun(RequestMoves):
                 continue
             if slot.pending:
                 work = slot.to_submit()
-                self.lives.submitted(map(work_key, work), clock.now())
+                self.progress.submitted(work, clock.now())
                 if self.tail is not None:
                     self.tail.submitted(work)
                 await device.submit(work)
             t_slice = clock.now()
             if span is None:
-                span = self.busy_s.setdefault(slot.index, [t_slice, t_slice])
+                span = self.progress.busy_span(slot.index, t_slice)
             if not self.queue and self.drain is not None and self.drain():
                 # nothing left to dispatch and nobody watching progress: one call per device
                 completions = await device.run_rollout(slice_s * DRAIN_SLICES, True)
@@ -308,20 +275,14 @@ class RolloutRun(RequestMoves):
         engine off (returns True: it left), pack or spread."""
         slot.finished(completions)
         self._slots.freed(slot)
-        now_s = self.clock.now()
-        for c in completions:
-            self.lives.finished(c.spec.key, c.num_tokens, now_s)
-        self.remaining -= len(completions)
-        self.completions.extend(completions)
+        self.progress.completed(completions, self.clock.now(),
+                                len(self._slots) * self.settings.light_batch)
         if self.tail is not None:
             self.tail.completed(completions)
-        if self.light_s is None and \
-                self.remaining <= len(self._slots) * self.settings.light_batch:
-            self.light_s = now_s
         self._report(completions)
         if self.queue:
             self._dispatch()
-        if self.remaining == 0:
+        if self.progress.remaining == 0:
             self._set_finished()
         if slot.load == 0 and self._maybe_release(slot):
             return True

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from dynaresize.protocols import RolloutOps
 from dynaresize.rollout.handoff import may_release, pack_candidate
+from dynaresize.rollout.run_progress import RunProgress
 from dynaresize.rollout.run_settings import RunSettings
 from dynaresize.rollout.slots import EngineSlot, SlotTable, Work
 
@@ -26,11 +27,10 @@ class RequestMoves:
     settings: RunSettings
     tail: TailOrder | None
     queue: deque[Work]
-    remaining: int
+    progress: RunProgress
     error: BaseException | None
     finished: asyncio.Event
     may_spread: Callable[[], bool] | None
-    num_migrated: int
     _on_idle: Callable[[RolloutOps], None] | None
     _packing: asyncio.Task[None] | None
     _spreading: asyncio.Task[None] | None
@@ -51,7 +51,7 @@ class RequestMoves:
     def _maybe_release(self, slot: EngineSlot) -> bool:
         """Hand `slot`'s device to `_on_idle` if it may go (`hand_off`)."""
         if self._on_idle is None or not may_release(slot, list(self._slots),
-                                                    not self.queue, self.remaining):
+                                                    not self.queue, self.progress.remaining):
             return False
         slot.leave()
         self._slots.pop(slot.index)
@@ -68,7 +68,7 @@ class RequestMoves:
         if not pack_batch or self._on_idle is None or self._packing is not None \
                 or not self._movable():
             return
-        slot = pack_candidate(list(self._slots), self.remaining, pack_batch)
+        slot = pack_candidate(list(self._slots), self.progress.remaining, pack_batch)
         if slot is None:
             return
         # leaving from now, not once the export starts: until then another engine that
@@ -107,7 +107,7 @@ class RequestMoves:
             except Exception as exc:
                 self._device_failed(slot, exc)
                 return
-            self.num_migrated += len(exported)
+            self.progress.migrated(len(exported))
             if not rejoin:
                 self.requeue(device, exported)
                 assert self._on_idle is not None
