@@ -16,11 +16,11 @@ lengths too (looked up by the samples' keys), so stand-ins never distort the mod
 
 Recovery ops (`RecoveryOps`): checkpoint save and load charge the rank's share of the training
 state through the disk bandwidth, a world rebuild a fixed plus a per-rank cost
-(`CostModel.recovery`). A device can die (`sim.faults`): its calls then fail as a dead Ray
-actor's do. Each device's training state (`sim.rank.SimRank`) tracks how many optimizer steps
-it holds and refuses an op on the wrong state (a train step of step k on a state that is not
-after k steps), so a recovery or resize that loses or double-applies an update fails loudly
-instead of passing.
+(`CostModel.recovery`). Every op's time is charged by the device's `sim.process.SimProcess`,
+which can die (`sim.faults`): its calls then fail as a dead Ray actor's do. Each device's
+training state (`sim.rank.SimRank`) tracks how many optimizer steps it holds and refuses an op
+on the wrong state (a train step of step k on a state that is not after k steps), so a recovery
+or resize that loses or double-applies an update fails loudly instead of passing.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
 from dynaresize.protocols import Clock, WeightHandle
-from dynaresize.sim.clock import VirtualClock
 from dynaresize.sim.costs import CostModel
 from dynaresize.sim.device_types import (
     Lengths,
@@ -39,7 +38,8 @@ from dynaresize.sim.device_types import (
     reshard_plan,
 )
 from dynaresize.sim.engine_spec import make_engine
-from dynaresize.sim.faults import DeviceDied, SimProcesses, SimStorage, fail_waits
+from dynaresize.sim.faults import SimProcesses, SimStorage
+from dynaresize.sim.process import SimProcess
 from dynaresize.sim.rank import SimRank
 from dynaresize.sim.workloads import Workload
 
@@ -61,22 +61,13 @@ class SimDevice:
         self.workload = workload
         self._lengths = lengths if lengths is not None else Lengths(workload)
         self.clock = clock
-        self._wait = clock.after if isinstance(clock, VirtualClock) else clock.sleep
-        """`clock.sleep` (VirtualClock: its frame-less `after`)."""
+        self.process = SimProcess(index, clock)
+        """Charges its ops virtual time; dies (`SimProcesses.kill`)."""
         self.version = 0
         self.engine = make_engine(index, costs, self._lengths, clock)
         self.train_state = SimRank(index)
         """Its training state: group, optimizer steps, held gradients."""
-        self.busy_s = 0.0
-        """Virtual seconds this device spent charged with work (for utilisation checks)."""
         self.storage = storage if storage is not None else SimStorage()
-        self.alive = True
-        self._death: BaseException = DeviceDied(f"simulated device {index} died")
-        """What its calls raise once it is dead (`die`)."""
-        self._waits: set[Any] = set()
-        """Pending virtual-time waits of this device's ops: a kill fails them."""
-        self._collective_waits: set[Any] = set()
-        """Those of collective ops: a peer's death fails them too (`sim.faults`)."""
         self.has_engine = role is not Role.TRAIN
         """As the live actor's engine: built by `load_weights`/`alloc_kv`, dropped by
         `release_rollout_weights`; `submit` needs it (a trainer has none)."""
@@ -91,48 +82,25 @@ class SimDevice:
         """Optimizer steps the training state of this rank holds (None: not a trainer)."""
         return self.train_state.steps
 
-    def die(self, exc: BaseException) -> None:
-        """The process is gone: pending and later calls raise `exc` (`SimProcesses.kill`)."""
-        self.alive, self._death = False, exc
-        fail_waits(self._waits, exc)
-        fail_waits(self._collective_waits, exc)
-
-    def fail_collectives(self, exc: BaseException) -> None:
-        """A peer of this device's training group died: its pending collectives fail."""
-        fail_waits(self._collective_waits, exc)
-
-    def _check_alive(self) -> None:
-        if not self.alive:
-            raise self._death
-
-    async def _spend(self, seconds: float, collective: bool = False) -> None:
-        if not self.alive:
-            raise self._death
-        self.busy_s += seconds
-        wait = self._wait(seconds)
-        waits = self._collective_waits if collective else self._waits
-        waits.add(wait)
-        try:
-            await wait
-        finally:  # a cancelled op forgets its wait too
-            waits.discard(wait)
-        if not self.alive:
-            raise self._death
+    @property
+    def alive(self) -> bool:
+        """False once its process was killed (`SimProcesses.kill`)."""
+        return self.process.alive
 
     async def start(self) -> None:
-        self._check_alive()
+        self.process.check_alive()
 
     async def stop(self) -> None:
         return None
 
     # ------------------------------------------------------------------ rollout role
     async def load_weights(self, version: int, weights: WeightHandle) -> None:
-        await self._spend(self.costs.weight_sync_s())
+        await self.process.spend(self.costs.weight_sync_s())
         self.version = version
         self.role, self.has_engine = Role.ROLLOUT, True
 
     async def submit(self, requests: list[RequestSpec | InflightRequest]) -> None:
-        self._check_alive()
+        self.process.check_alive()
         if not self.has_engine:  # as the live actor
             raise AssertionError(f"simulated device {self.index}: no rollout engine on this "
                                  "device")
@@ -141,27 +109,18 @@ class SimDevice:
         self.engine.submit(requests)
 
     async def run_rollout(self, max_s: float, until_empty: bool = False) -> list[Completion]:
-        if not self.alive:
-            raise self._death
+        process = self.process
+        process.check_alive()
         done, elapsed_s = self.engine.run(max_s, until_empty, self.version)
-        self.busy_s += elapsed_s
-        wait = self._wait(elapsed_s)  # `_spend` inlined (the hot path)
-        waits = self._waits
-        waits.add(wait)
-        try:
-            await wait
-        finally:
-            waits.discard(wait)
-        if not self.alive:
-            raise self._death
+        await process.spend(elapsed_s)
         if self.recorder is not None:
             self.recorder.finished(self.index, done, self.clock.now(), until_empty)
         return done
 
     async def export_inflight(self) -> list[InflightRequest]:
-        self._check_alive()
+        self.process.check_alive()
         out = self.engine.export()
-        await self._spend(len(out) * self.costs.resize.export_per_request_s)
+        await self.process.spend(len(out) * self.costs.resize.export_per_request_s)
         return out
 
     # ------------------------------------------------------------------ resize ops (design §4)
@@ -169,16 +128,16 @@ class SimDevice:
         """Free the KV cache of an empty engine: `release_kv_s`."""
         assert self.engine.is_empty, "release_kv on a busy engine"
         self.role = Role.IDLE
-        await self._spend(self.costs.resize.release_kv_s)
+        await self.process.spend(self.costs.resize.release_kv_s)
 
     async def release_rollout_weights(self) -> None:
         """Drop the engine's weights (deferrable): `release_weights_s`."""
-        await self._spend(self.costs.resize.release_weights_s)
+        await self.process.spend(self.costs.resize.release_weights_s)
         self.has_engine = False
 
     async def alloc_kv(self) -> None:
         """Allocate the KV cache and warm the engine up: `alloc_kv_s + start_serving_s`."""
-        await self._spend(self.costs.resize.alloc_kv_s + self.costs.resize.start_serving_s)
+        await self.process.spend(self.costs.resize.alloc_kv_s + self.costs.resize.start_serving_s)
         self.role, self.has_engine = Role.ROLLOUT, True
 
     async def join_group(self, members: tuple[int, ...]) -> bool:
@@ -186,7 +145,7 @@ class SimDevice:
         this device sees `members`, `join_group_cached_s` after. True if created."""
         created = self.train_state.cache_group(members)
         r = self.costs.resize
-        await self._spend(r.join_group_first_s if created else r.join_group_cached_s)
+        await self.process.spend(r.join_group_first_s if created else r.join_group_cached_s)
         return created
 
     async def reshard(self, old_members: tuple[int, ...], new_members: tuple[int, ...],
@@ -198,27 +157,27 @@ class SimDevice:
         # the same plan for every member: computed once per resize
         wall_s, sent = reshard_plan(self.costs, old_members, new_members, staging_bytes)
         self.train_state.prepare(new_members, optimizer_step)
-        await self._spend(wall_s, collective=True)
+        await self.process.spend(wall_s, collective=True)
         return {"bytes_sent": float(sent.get(self.index, 0.0))}
 
     async def commit_train_group(self, new_members: tuple[int, ...]) -> None:
         """Switch to the prepared group (members) or stop training (others): `commit_s`."""
         if self.train_state.commit(new_members):
             self.role = Role.TRAIN
-        await self._spend(self.costs.resize.commit_s, collective=True)
+        await self.process.spend(self.costs.resize.commit_s, collective=True)
 
     async def abort_reshard(self) -> None:
         """Discard the prepared layout; the old one stays in charge (free)."""
-        self._check_alive()
+        self.process.check_alive()
         self.train_state.abort()
 
     async def drop_trainer(self) -> None:
         """Free a former trainer's state (deferrable): `release_weights_s`."""
-        await self._spend(self.costs.resize.release_weights_s)
+        await self.process.spend(self.costs.resize.release_weights_s)
 
     # ------------------------------------------------------------------ train role
     async def join_train_group(self, members: tuple[int, ...], generation: int) -> None:
-        self._check_alive()
+        self.process.check_alive()
         member, cached = self.train_state.join(members)
         if not member:
             if self.role == Role.TRAIN:
@@ -227,7 +186,7 @@ class SimDevice:
         r = self.costs.resize
         cost_s = r.join_group_cached_s if cached else r.join_group_first_s
         self.role = Role.TRAIN
-        await self._spend(cost_s, collective=True)
+        await self.process.spend(cost_s, collective=True)
 
     def _sample_tokens(self, s: TrainSample) -> int:
         responses, prompts = self._lengths(s.step)
@@ -244,7 +203,7 @@ class SimDevice:
                          global_num_tokens: int) -> dict[str, float]:
         self.train_state.start_step(step)
         seconds, num_tokens = self.train_step_s(micro_batches)
-        await self._spend(seconds, collective=True)
+        await self.process.spend(seconds, collective=True)
         self.train_state.stepped(step)
         return {"loss": 0.0, "num_tokens": float(num_tokens)}
 
@@ -253,26 +212,26 @@ class SimDevice:
         self.train_state.hold(step)
         num_tokens = sum(self._sample_tokens(s) for _, mb in micro_batches for s in mb)
         num_ranks = max(1, len(self.train_state.members))
-        await self._spend(num_tokens * self.costs.train_token_s()
+        await self.process.spend(num_tokens * self.costs.train_token_s()
                           / self.costs.dp_efficiency(num_ranks))
 
     async def train_finish(self, step: int, num_micro_batches: int,
                            global_num_tokens: int) -> dict[str, float]:
         self.train_state.start_finish(step)
-        await self._spend(self.costs.train_step_overhead_s, collective=True)
+        await self.process.spend(self.costs.train_step_overhead_s, collective=True)
         self.train_state.stepped(step)
         return {"loss": 0.0}
 
     async def publish_weights(self, version: int) -> WeightHandle | None:
         self.train_state.expect(version, "publish_weights")
-        await self._spend(self.costs.weight_sync_latency_s, collective=True)
+        await self.process.spend(self.costs.weight_sync_latency_s, collective=True)
         self.version = version
         members = self.train_state.members
         first = not members or self.index == members[0]  # sorted
         return version if first else None
 
     async def param_checksum(self) -> tuple[float, str]:
-        self._check_alive()
+        self.process.check_alive()
         return 0.0, "sim"
 
     # ------------------------------------------------------------------ recovery ops
@@ -282,16 +241,16 @@ class SimDevice:
             raise RuntimeError(f"simulated device {self.index}: save_checkpoint on no trainer")
         rc = self.costs.recovery
         seconds = rc.save_s(self.costs.model, len(self.train_state.members))
-        await self._spend(seconds, collective=True)
+        await self.process.spend(seconds, collective=True)
         self.storage.save(path, self.train_steps)
         return {"save_s": seconds, "checkpoint_bytes": rc.checkpoint_bytes(self.costs.model)}
 
     async def load_checkpoint(self, path: str, optimizer_step: int) -> dict[str, float]:
         """The saved state into this group's sharding: `CostModel.recovery.load_s`."""
-        self._check_alive()
+        self.process.check_alive()
         self.storage.load(path, optimizer_step)
         seconds = self.costs.recovery.load_s(self.costs.model, len(self.train_state.members))
-        await self._spend(seconds, collective=True)
+        await self.process.spend(seconds, collective=True)
         self.train_state.restored(optimizer_step)
         return {"load_s": seconds}
 
@@ -301,7 +260,7 @@ class SimDevice:
         """A new world over the survivors (`CostModel.recovery.rebuild_world_s`) and a new
         training group (`join_group_first_s`; every cached communicator is gone)."""
         seconds = self.costs.recovery.rebuild_world_s(len(ranks))
-        await self._spend(seconds + self.costs.resize.join_group_first_s, collective=True)
+        await self.process.spend(seconds + self.costs.resize.join_group_first_s, collective=True)
         if self.train_state.rebuild(train_members, optimizer_step, keep_train_state):
             self.role = Role.TRAIN
 

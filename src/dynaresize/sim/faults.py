@@ -51,10 +51,10 @@ class SimProcesses:
             return
         self.killed.append(index)
         group = device.train_members
-        device.die(DeviceDied(f"simulated device {index} died (killed)"))
+        device.process.die(DeviceDied(f"simulated device {index} died (killed)"))
         for peer in group:
             if peer != index:
-                self.devices[peer].fail_collectives(CollectiveFailed(
+                self.devices[peer].process.fail_collectives(CollectiveFailed(
                     f"simulated device {peer}: a collective of group {_short(group)} lost "
                     f"device {index}"))
 
