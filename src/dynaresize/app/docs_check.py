@@ -9,7 +9,7 @@ not imported: `docs_index`) and the config schema:
 - `--flag`: an option of the `dynaresize` command, a bench script or a scripts/*.sh;
 - `[section]`, `[[faults.kill]]`, `section.key`, `section.table.key`: a config key (or table);
   `key = value` in the span: a value the key accepts; "`key` = value", "(`key`, value)",
-  "`key` (default value)" around it: the key's default;
+  "`key` (default value)" around it: the key's default (`docs_config`);
 - `path/to/file.py`, `name.md`, `out.json`: a repository file, or a name the code uses (run
   directory files such as `metrics.jsonl` are string literals in the code);
 - `module.path.name`, `Class.member`, `func(...)`: resolve in src/dynaresize (module suffixes
@@ -31,10 +31,10 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from dynaresize.app.docs_anchors import markdown_anchors
 from dynaresize.app.docs_citations import citations
+from dynaresize.app.docs_config import ConfigCitations
 from dynaresize.app.docs_index import (  # noqa: F401  (Citation, Finding re-exported)
     Citation,
     CodeIndex,
@@ -42,10 +42,7 @@ from dynaresize.app.docs_index import (  # noqa: F401  (Citation, Finding re-exp
     build_index,
     config_field_names,
     config_lookup,
-    config_sections,
     is_external,
-    same_value,
-    toml_literal,
 )
 
 NOT_CODE: dict[str, str] = {
@@ -82,9 +79,6 @@ MATH = re.compile(r"[A-Za-z]_\{?\w{1,3}\}?")
 BUILTINS = frozenset(dir(builtins))
 EVENT_PREFIXES = ("resize",)
 """events.jsonl kinds are `resize.<op>`: `resize.join_group` names the op `join_group`."""
-DEFAULT_AFTER = (re.compile(r"^\s*=\s*([^\s,;)]+(?:\s(?:KiB|MiB|GiB|s)\b)?)"),
-                 re.compile(r"^\s*\((?:the\s+)?default:?\s+([^\s,;)]+)"),
-                 re.compile(r"^\s*,\s*(?:default\s+)?([-+\d.e]+|true|false)\)"))
 
 
 class Checker:
@@ -93,9 +87,10 @@ class Checker:
     def __init__(self, root: Path, index: CodeIndex | None = None) -> None:
         self.root = root
         self.index = index or build_index(root)
-        self.sections = config_sections()
         self.key_names = config_field_names()
         self.counts: Counter[str] = Counter()
+        self.config = ConfigCitations(self.counts)
+        """Config keys, tables, values and defaults (`docs_config`; counts into `counts`)."""
         self.anchors: dict[Path, set[str]] = {}
 
     def check(self, c: Citation) -> list[Finding]:
@@ -112,12 +107,14 @@ class Checker:
         if s.startswith("--"):
             return self._flag(c, s.split()[0].split("=")[0])
         if re.fullmatch(r"\[\[?[\w.]+\]\]?", s):
-            return self._config(c, s.strip("[]"), table=True)
+            return self.config.key(c, s.strip("[]"), table=True)
         if " " not in s and ("/" in s or s.endswith(FILE_SUFFIXES)) and "(" not in s:
             return self._file(c, s)
         m = ASSIGN.match(s)
         if m and "==" not in s and DOTTED.match(m.group(1)):
-            return self._config_value(c, m.group(1), m.group(2))
+            if m.group(1).split(".")[0] not in self.config.sections:
+                return self._code_name(c, m.group(1))
+            return self.config.value(c, m.group(1), m.group(2))
         m = CALL.match(s)
         if m:  # `func(args)`, `obj.method(args)`: the function's name
             return self._code_name(c, m.group(1).rsplit(".", 1)[-1])
@@ -157,50 +154,6 @@ class Checker:
         return self._finding(c, "no such option of `dynaresize`, a bench script or "
                                 "scripts/*.sh", flag)
 
-    def _config(self, c: Citation, key: str, table: bool = False) -> list[Finding]:
-        self.counts["config key"] += 1
-        exists, default = config_lookup(key)
-        if not exists:
-            section = key.split(".")[0]
-            hint = ("" if section in self.sections else
-                    f" (sections: {', '.join(self.sections)})")
-            return self._finding(c, f"no config {'table' if table else 'key'} {key!r}{hint}")
-        for pattern in DEFAULT_AFTER:
-            m = pattern.match(c.after)
-            if m and default is not None:
-                return self._default(c, key, default, m.group(1))
-        if isinstance(default, bool) and re.match(r"^\s*\((?:the\s+)?default\)", c.after):
-            return self._default(c, key, default, "true")
-        return []
-
-    def _default(self, c: Citation, key: str, default: Any, raw: str) -> list[Finding]:
-        ok, claimed = toml_literal(raw)
-        self.counts["cited default"] += ok
-        if not ok or same_value(claimed, default):
-            return []
-        return self._finding(c, f"cited default {raw.strip()} but the schema's default is "
-                                f"{default!r} (config/schema.py)", key)
-
-    def _config_value(self, c: Citation, key: str, raw: str) -> list[Finding]:
-        if key.split(".")[0] not in self.sections:
-            return self._code_name(c, key)
-        found = self._config(c, key)
-        ok, value = toml_literal(raw)
-        if found or not ok:  # a placeholder (`eval.every = N`) is not checked
-            return found
-        if re.match(r"^\s*\((?:the\s+)?default\)", c.after):
-            return self._default(c, key, config_lookup(key)[1], raw)
-        from dynaresize.config import ConfigError, load_config
-        from dynaresize.control.registry import check_policy
-
-        self.counts["cited value"] += 1
-        try:
-            check_policy(load_config(None, [f"{key}={raw.strip()}"], check_machine=False))
-        except ConfigError as exc:
-            if exc.field_name == key:
-                return self._finding(c, f"not a value this key accepts: {exc}")
-        return []
-
     def _file(self, c: Citation, path: str) -> list[Finding]:
         self.counts["file"] += 1
         if PLACEHOLDER_PATH.search(path):
@@ -224,8 +177,8 @@ class Checker:
             return self._file(c, name)
         if "." in name:
             first = name.split(".")[0]
-            if first in self.sections and config_lookup(name)[0]:
-                return self._config(c, name)
+            if first in self.config.sections and config_lookup(name)[0]:
+                return self.config.key(c, name)
             self.counts["code path"] += 1
             bare = name.removeprefix("cfg.")
             if ix.resolve(name) or is_external(name) or config_lookup(bare)[0] \
@@ -233,7 +186,7 @@ class Checker:
                                              self._known(name.split(".", 1)[1])):
                 return []
             also = (f"; nor a config key (no key {name!r} in config/schema.py)"
-                    if first in self.sections else "")
+                    if first in self.config.sections else "")
             return self._finding(c, "does not resolve in src/dynaresize (module, class or "
                                     f"function renamed or gone?){also}")
         if MATH.fullmatch(name):
