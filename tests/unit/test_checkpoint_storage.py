@@ -17,6 +17,7 @@ from dynaresize.orchestrator.checkpoint_files import (
     CheckpointWriteError,
     checkpoint_dir,
     manifest,
+    read_checkpoint,
     read_latest,
 )
 
@@ -210,3 +211,21 @@ def test_a_run_failing_right_after_a_checkpoint_step_still_completes_that_checkp
     rundir.close()
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-000004"
     assert (tmp_path / "checkpoints" / "step-000004" / "state.json").is_file()
+
+
+def test_filter_rates_in_the_state_are_optional_and_checked(run: Path) -> None:
+    """state.json keeps dynamic sampling's exact filter rates; one written before it did
+    has none (the resume reads them from samples.jsonl); a bad entry names the field."""
+    state_file = checkpoint_dir(run, 3) / "state.json"
+    data = json.loads(state_file.read_text())
+    data.pop("filter_rates")
+    state_file.write_text(json.dumps(data))
+    assert read_latest(run)[1].filter_rates == {}
+    data["filter_rates"] = {"1": 0.25, "2": 1.0}
+    state_file.write_text(json.dumps(data))
+    assert read_latest(run)[1].filter_rates == {"1": 0.25, "2": 1.0}
+    for bad in ({"1": 1.5}, {"x": 0.5}, [0.5], {"1": True}):
+        data["filter_rates"] = bad
+        state_file.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match="field 'filter_rates'"):
+            read_checkpoint(checkpoint_dir(run, 3))

@@ -14,7 +14,9 @@ from dynaresize.core.dynamic_sampling import (
     filter_rate,
     filter_rates_of,
     has_signal,
+    kept_filter_rates,
     rate_step,
+    resumed_filter_rates,
     select_groups,
 )
 from dynaresize.core.types import Completion, RequestSpec
@@ -167,3 +169,21 @@ def test_filter_rates_from_records_equal_the_rates_the_steps_measured() -> None:
     records.append({"step": 3, "prompt": 0, "sample": 0, "reward": 1.0})  # not dynamic
     assert filter_rates_of(records) == measured
     assert len(set(measured.values())) > 1
+
+
+def test_a_resume_plans_from_the_exact_rates_its_checkpoint_kept() -> None:
+    """samples.jsonl rounds rewards to 6 decimals: a group of 1 and 1 - 1e-7 had a signal
+    when its step ran and shows none there; the checkpoint's exact rates win."""
+    import json
+
+    order = [0, 1, 2, 3]
+    rewards = {(p, j): 1.0 - 1e-7 * (p % 2 and j == 0) for p in order for j in range(2)}
+    done = [Completion(RequestSpec(0, p, j, 0, (1,), 2, 0), [5], [0.0], "eos", 0, 0)
+            for p in order for j in range(2)]
+    got, measured = assemble_dynamic(0, 0, order, done, rewards, 2, 2, 1.0)
+    records = [json.loads(json.dumps(r)) for r in got.records]  # written, read back
+    assert measured == 0.5 and filter_rates_of(records) == {0: 1.0}
+    kept = kept_filter_rates({0: measured, 1: 0.25, 2: 0.75}, num_steps=3, staleness=1)
+    assert kept == {"1": 0.25, "2": 0.75}  # steps 3, 4 plan from steps 1, 2
+    assert resumed_filter_rates(records, {"0": measured}) == {0: measured}
+    assert resumed_filter_rates(records, {}) == {0: 1.0}  # an older checkpoint: the records

@@ -101,6 +101,24 @@ def filter_rates_of(records: Sequence[Mapping[str, Any]]) -> dict[int, float]:
     return {step: filter_rate(by_prompt) for step, by_prompt in groups.items()}
 
 
+def resumed_filter_rates(records: Sequence[Mapping[str, Any]],
+                         saved: Mapping[str, float]) -> dict[int, float]:
+    """step -> filter rate for a resumed run: those its records show (`filter_rates_of`),
+    replaced by the ones its checkpoint kept (`saved`, step as a string -> rate). The records
+    round rewards to 6 decimals, so a group whose rewards differ by less shows no signal
+    there though it had one when the step ran; the checkpoint keeps the exact rates of the
+    steps the resumed run plans from (`kept_filter_rates`), older checkpoints none."""
+    return filter_rates_of(records) | {int(step): float(rate) for step, rate in saved.items()}
+
+
+def kept_filter_rates(rates: Mapping[int, float], num_steps: int,
+                      staleness: int) -> dict[str, float]:
+    """The rates a checkpoint after `num_steps` steps keeps (JSON keys): those of the steps
+    that plan a resumed run's steps (`rate_step` of step `num_steps` and later)."""
+    first = num_steps - 1 - staleness
+    return {str(step): rates[step] for step in sorted(rates) if first <= step < num_steps}
+
+
 def select_groups(order: Sequence[int], groups: Mapping[int, Sequence[float]],
                   num_groups: int) -> tuple[list[int], list[int]]:
     """(kept, dropped) prompt ids, each in `order` (the seeded pool order): the first

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dynaresize.config import Config
+from dynaresize.core.dynamic_sampling import kept_filter_rates
 from dynaresize.core.rundir import RunDir
 from dynaresize.orchestrator.checkpoint_files import (
     CKPT_DIR,
@@ -110,7 +111,9 @@ class Checkpointer:
                               num_bytes=num_bytes if i == 0 else 0, step=num_steps - 1)
         cfg = self.cfg
         state = CheckpointState(num_steps, cfg.run.seed, cfg.run.staleness,
-                                [r.value for r in self.state.allocation.roles])
+                                [r.value for r in self.state.allocation.roles],
+                                filter_rates=kept_filter_rates(self.state.filter_rates,
+                                                               num_steps, cfg.run.staleness))
         handles: dict[int, Any] = {}
         for version in range(max(0, num_steps - cfg.run.staleness), num_steps):
             if version > 0:

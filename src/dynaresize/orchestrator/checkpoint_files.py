@@ -10,7 +10,8 @@ update (the orchestrator holds the train lock, so no resize and no other collect
                      (`train.checkpoint`); critical (a collective of the training group)
    weights-v{V}.pt   full weights of versions K-s .. K-1 at staleness s (the rollouts of
                      steps K .. K+s-1 need them); on the driver, written off the critical path
-   state.json        step K, seed, staleness, allocation, versions, files: written last
+   state.json        step K, seed, staleness, allocation, versions, files, the filter
+                     rates a resume plans from (dynamic sampling): written last
  run_dir/checkpoints/latest   "step-00000K", replaced atomically once state.json exists
 ```
 
@@ -59,6 +60,10 @@ class CheckpointState:
     train_dir: str = "train"
     files: dict[str, list[Any]] = field(default_factory=dict)
     """Relative path -> [size, sha256] of every file of the checkpoint (`manifest`)."""
+    filter_rates: dict[str, float] = field(default_factory=dict)
+    """Dynamic sampling: step (as a string) -> its filter rate on the exact rewards, for the
+    steps a resume plans from (`core.dynamic_sampling.kept_filter_rates`); absent from older
+    checkpoints (the resume then reads them from samples.jsonl)."""
 
 
 def checkpoint_dir(run_dir: Path, num_steps: int) -> Path:
@@ -94,7 +99,13 @@ def read_checkpoint(path: Path) -> CheckpointState:
     files = data.get("files", {})
     if not isinstance(files, dict):
         raise ValueError(f"{state_file}: field 'files' must be a table")
-    state = CheckpointState(**{k: data[k] for k in hints}, files=files)
+    rates = data.get("filter_rates", {})
+    if not isinstance(rates, dict) or not all(
+            k.isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and 0.0 <= v <= 1.0 for k, v in rates.items()):
+        raise ValueError(f"{state_file}: field 'filter_rates' = {rates!r}: must be a table of "
+                         "step -> rate in [0, 1]")
+    state = CheckpointState(**{k: data[k] for k in hints}, files=files, filter_rates=rates)
     for name in [state.train_dir, *state.weight_files.values()]:
         if not (path / name).exists():
             raise ValueError(f"{path / name}: missing from the checkpoint")

@@ -54,6 +54,7 @@ from dynaresize.config import Config
 from dynaresize.control.base import Controller
 from dynaresize.control.registry import make_controller
 from dynaresize.core.allocation import Allocation
+from dynaresize.core.dynamic_sampling import resumed_filter_rates
 from dynaresize.core.rundir import RunDir
 from dynaresize.envs.setup import build_env
 from dynaresize.evaluation.evaluator import Evaluator
@@ -110,7 +111,9 @@ class Orchestrator:
         self.state = state = RunState(
             devices, allocation or Allocation.initial(cfg.allocation.num_rollout_devices,
                                                       cfg.allocation.num_train_devices),
-            resume_from[1].num_steps if resume_from else 0, cfg.run.staleness)
+            resume_from[1].num_steps if resume_from else 0, cfg.run.staleness,
+            resumed_filter_rates(rundir.resumed_samples, resume_from[1].filter_rates)
+            if resume_from and cfg.train.dynamic_sampling.enabled else None)
         switch = switch or NoSwitch()
         self.versions = state.versions
         self.board = board = StepBoard()

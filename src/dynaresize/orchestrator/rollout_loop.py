@@ -27,7 +27,7 @@ import asyncio
 from collections.abc import Callable
 
 from dynaresize.control.base import Controller
-from dynaresize.core.dynamic_sampling import filter_rates_of, rate_step
+from dynaresize.core.dynamic_sampling import rate_step
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.episodes import EpisodeTotals
@@ -64,10 +64,6 @@ class RolloutLoop:
         self.num_migrated = 0
         """Requests moved to another engine by tail packing and spreading
         (`RunSettings.pack_batch`, `RunSettings.spread`)."""
-        self.filter_rates: dict[int, float] = filter_rates_of(parts.rundir.resumed_samples) \
-            if settings.dynamic is not None else {}
-        """Dynamic sampling: step -> its filter rate (plans later steps' up-front counts); a
-        resumed run starts from the rates its records show."""
         self.episode_totals = EpisodeTotals()
         """`[env]`: the run's episode figures (summary.json)."""
 
@@ -125,8 +121,8 @@ class RolloutLoop:
         if dynamic is None:
             return 0
         earlier = rate_step(step, self.settings.staleness)
-        return dynamic.initial_for(self.filter_rates.get(earlier) if earlier is not None
-                                   else None)
+        return dynamic.initial_for(self.state.filter_rates.get(earlier)
+                                   if earlier is not None else None)
 
     def _start(self, rollout: StepRollout, ready: list[Device]) -> RolloutRun:
         """Start `rollout`'s RolloutRun on `ready` engines (others join later)."""
@@ -219,7 +215,7 @@ class RolloutLoop:
             self.rundir.event(a, b, device, "rollout", critical=True, step=rollout.step)
         got = rollout.assemble()
         if rollout.filter_rate is not None:
-            self.filter_rates[rollout.step] = rollout.filter_rate
+            self.state.step_filtered(rollout.step, rollout.filter_rate)
         self.num_migrated += run.progress.num_migrated
         if rollout.episodes is not None:
             self.episode_totals.add(rollout.episodes)

@@ -5,7 +5,7 @@ only reads it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dynaresize.control.base import StepTiming
 from dynaresize.core.allocation import Allocation
@@ -54,13 +54,15 @@ class VersionStore:
 class RunState:
     """Where the run is, changed only through its methods. Callers: the allocation
     (`commit_allocation`, `fence`): the resizer (recovery fences through it); `step`,
-    `rollout_version`, `rollout_started_s` (`enter_step`, `rollout_needs`,
-    `rollout_started`): the rollout loop; `optimizer_step`, `history`, `train_end_s`
-    (`optimizer_stepped`, `step_trained`): the train loop; `t_start_s` (`started`): the
-    orchestrator; `versions` (publish): the train loop (also what a resume restored)."""
+    `rollout_version`, `rollout_started_s`, `filter_rates` (`enter_step`, `rollout_needs`,
+    `rollout_started`, `step_filtered`): the rollout loop; `optimizer_step`, `history`,
+    `train_end_s` (`optimizer_stepped`, `step_trained`): the train loop; `t_start_s`
+    (`started`): the orchestrator; `versions` (publish): the train loop (also what a resume
+    restored)."""
 
     def __init__(self, devices: Sequence[Device], allocation: Allocation,
-                 start_step: int, staleness: int = 1) -> None:
+                 start_step: int, staleness: int = 1,
+                 filter_rates: Mapping[int, float] | None = None) -> None:
         self.devices = list(devices)
         self.versions = VersionStore(keep=staleness + 1)
         self.allocation = allocation
@@ -79,6 +81,10 @@ class RunState:
         self.t_start_s = 0.0
         self.history: list[StepTiming] = []
         self.train_end_s: list[float] = []
+        self.filter_rates: dict[int, float] = dict(filter_rates or {})
+        """Dynamic sampling: step -> the fraction of its groups without a reward signal, on
+        their exact rewards (plans later steps' up-front prompts; a checkpoint keeps those a
+        resume plans from, `core.dynamic_sampling.resumed_filter_rates`)."""
 
     def started(self, t_s: float) -> None:
         """The devices are up (the orchestrator)."""
@@ -94,6 +100,11 @@ class RunState:
 
     def rollout_started(self, t_s: float) -> None:
         self.rollout_started_s = t_s
+
+    def step_filtered(self, step: int, rate: float) -> None:
+        """Dynamic sampling: `step`'s groups are rewarded, a fraction `rate` without a
+        signal (the rollout loop)."""
+        self.filter_rates[step] = rate
 
     def optimizer_stepped(self) -> None:
         """The trainers took one more optimizer step (the train loop)."""
