@@ -60,6 +60,32 @@ def test_join_arguments() -> None:
     assert "_node_ip_address" not in join_kwargs("auto")
 
 
+def test_localhost_is_loopback_without_a_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--address localhost:PORT` joins exactly as `127.0.0.1:PORT` does: the driver
+    advertises loopback and the name is never resolved (no DNS)."""
+    import socket
+
+    from dynaresize.devices import cluster
+    from dynaresize.devices.network import is_loopback
+
+    for name in ("localhost", "LOCALHOST", "localhost.", "127.0.0.1", "::1", "127.1.2.3"):
+        assert is_loopback(name) and interface_of(name) == "lo"
+    for name in ("localhost.example", "myhost", "10.0.0.1", ""):
+        assert not is_loopback(name)
+    assert join_kwargs("localhost:6379") == join_kwargs("127.0.0.1:6379")
+    assert join_kwargs("LocalHost:6379")["address"] == "127.0.0.1:6379"
+    assert join_kwargs("localhost.example:6379")["address"] == "localhost.example:6379"
+    connected = []
+
+    def create_connection(address: tuple[str, int], timeout: float) -> socket.socket:
+        connected.append(address)
+        return socket.socket()
+
+    monkeypatch.setattr(cluster.socket, "create_connection", create_connection)
+    cluster.check_reachable("localhost:6379")
+    assert connected == [("127.0.0.1", 6379)]
+
+
 def test_collectives_use_the_interface_of_the_advertised_address() -> None:
     assert interface_of(LOOPBACK) == "lo"
     assert loopback_env()["GLOO_SOCKET_IFNAME"] == "lo"

@@ -5,7 +5,8 @@ on 127.0.0.1 (design §6). `ray.address = "HOST:PORT"` (or `--address`) joins a 
 its nodes advertise the addresses they were started with (`ray start --node-ip-address`), and
 the driver takes this machine's address as Ray detects it, unless the cluster's GCS is on a
 loopback address: then the whole cluster is on this machine and the driver advertises
-127.0.0.1 too (a loopback test cluster, `ray.cluster_utils.Cluster`).
+127.0.0.1 too (a loopback test cluster, `ray.cluster_utils.Cluster`). `localhost:PORT` is
+`127.0.0.1:PORT` (`canonical_address`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynaresize.config.schema import ConfigError
-from dynaresize.devices.network import LOOPBACK, is_loopback, loopback_env
+from dynaresize.devices.network import LOOPBACK, is_localhost_name, is_loopback, loopback_env
+
+
+def canonical_address(address: str) -> str:
+    """`address` ('HOST:PORT' or 'auto') with the host name localhost as 127.0.0.1: joining
+    'localhost:PORT' is joining '127.0.0.1:PORT' (nothing resolves the name)."""
+    host, sep, port = address.rpartition(":")
+    return f"{LOOPBACK}:{port}" if sep and is_localhost_name(host.strip("[]")) else address
 
 
 def join_kwargs(address: str) -> dict[str, Any]:
     """`ray.init` arguments that join the cluster at `address` ('HOST:PORT' or 'auto')."""
+    address = canonical_address(address)
     kwargs: dict[str, Any] = {"address": address, "logging_level": "warning",
                               "log_to_driver": False}
     host = address.rpartition(":")[0].strip("[]")
@@ -36,7 +45,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     is left to Ray): `ray.init` would retry an address where nothing listens for minutes."""
     if address == "auto":
         return
-    host, _, port = address.rpartition(":")
+    host, _, port = canonical_address(address).rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:

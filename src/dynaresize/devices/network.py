@@ -36,8 +36,17 @@ def base_env() -> dict[str, str]:
             "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
 
 
+def is_localhost_name(host: str) -> bool:
+    """Whether `host` is the name localhost (any case, a trailing dot allowed): a loopback
+    address wherever it is resolved (RFC 6761 §6.3), so it is never looked up."""
+    return host.lower() in ("localhost", "localhost.")
+
+
 def is_loopback(host: str) -> bool:
-    """Whether `host` is a loopback IP address (a name is not resolved: False)."""
+    """Whether `host` is a loopback IP address or the name localhost (no other name is
+    resolved: False)."""
+    if is_localhost_name(host):
+        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
