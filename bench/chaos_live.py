@@ -241,16 +241,22 @@ def trial(run: Any, seed: int, root: Path, base: list[str], refs: dict[str, Any]
 
 def campaign(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the trials (module doc); one row per trial."""
-    from dynaresize.app.runner import run_training
-    from dynaresize.config import load_config
-    from dynaresize.devices.pool import DevicePool
-    from dynaresize.devices.ray_device import ensure_ray
+    from dynaresize.devices.ray_device import ray_session
 
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-chaos-live-"))
     base = [*BASE, f"rollout.engine='{args.engine}'", *args.set]
     if args.hangs:
         base.append(f"faults.hang_timeout_s={HANG_TIMEOUT_S}")
-    started = ensure_ray(num_cpus=4)
+    with ray_session(num_cpus=4):  # ends a cluster it started, on an error or Ctrl-C too
+        return _trials(args, root, base)
+
+
+def _trials(args: argparse.Namespace, root: Path, base: list[str]) -> list[dict[str, Any]]:
+    """`campaign`'s trials, on pools of 4 devices of the Ray cluster it started."""
+    from dynaresize.app.runner import run_training
+    from dynaresize.config import load_config
+    from dynaresize.devices.pool import DevicePool
+
     pools = [DevicePool(4)]
 
     def run(overrides: list[str], out: Path, chaos: Any) -> dict[str, Any]:
@@ -272,10 +278,6 @@ def campaign(args: argparse.Namespace) -> list[dict[str, Any]]:
                 Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     finally:
         pools[-1].shutdown()
-        if started:
-            import ray
-
-            ray.shutdown()
     return rows
 
 

@@ -58,49 +58,52 @@ def param_diff(a: Path, b: Path) -> float:
     return max(float((sa[k].double() - sb[k].double()).abs().max()) for k in sa)
 
 
+def run_faults(pool: Any, root: Path) -> list[dict[str, Any]]:
+    """The reference run, then one run per entry of FAULTS on `pool`; one row per fault."""
+    from dynaresize.app.runner import run_training
+    from dynaresize.config import load_config
+    from dynaresize.core.rundir import read_jsonl
+
+    rows = []
+    cfg = load_config(None, BASE, check_machine=False)
+    run_training(cfg, root / "reference", pool=pool)
+    reference = {(s["step"], s["prompt"], s["sample"]): (s["version"], s["tokens_sha256"])
+                 for s in read_jsonl(root / "reference" / "samples.jsonl")}
+    for name, overrides in FAULTS:
+        cfg = load_config(None, [*BASE, *overrides], check_machine=False)
+        out = root / name.replace(" ", "_").replace(",", "")
+        t0 = time.monotonic()
+        try:
+            summary, error = run_training(cfg, out, pool=pool), ""
+        except Exception as exc:  # a fault the run did not survive: the table says so
+            summary, error = {}, f"{type(exc).__name__}: {exc}"[:120]
+        faults = summary.get("faults", [{}])
+        rows.append({"fault": name, "tried": 1, "survived": int(not error),
+                     **audit(out, reference, cfg),
+                     "max_param_diff": param_diff(out, root / "reference"),
+                     "recovery_s": round(sum(f.get("recovery_s", 0.0) for f in faults), 2),
+                     "replayed_steps": sum(f.get("replayed_steps", 0) for f in faults),
+                     "rerun_requests": sum(f.get("rerun_requests", 0) for f in faults),
+                     "run_s": round(time.monotonic() - t0, 1), "error": error})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print JSON rows")
     parser.add_argument("--out", help="keep the run directories here")
     args = parser.parse_args(argv)
 
-    from dynaresize.app.runner import run_training
-    from dynaresize.config import load_config
-    from dynaresize.core.rundir import read_jsonl
     from dynaresize.devices.pool import DevicePool
-    from dynaresize.devices.ray_device import ensure_ray
+    from dynaresize.devices.ray_device import ray_session
 
     root = Path(args.out or tempfile.mkdtemp(prefix="dynaresize-faults-"))
-    started = ensure_ray(num_cpus=4)
-    pool = DevicePool(4)
-    rows = []
-    try:
-        cfg = load_config(None, BASE, check_machine=False)
-        run_training(cfg, root / "reference", pool=pool)
-        reference = {(s["step"], s["prompt"], s["sample"]): (s["version"], s["tokens_sha256"])
-                     for s in read_jsonl(root / "reference" / "samples.jsonl")}
-        for name, overrides in FAULTS:
-            cfg = load_config(None, [*BASE, *overrides], check_machine=False)
-            out = root / name.replace(" ", "_").replace(",", "")
-            t0 = time.monotonic()
-            try:
-                summary, error = run_training(cfg, out, pool=pool), ""
-            except Exception as exc:  # a fault the run did not survive: the table says so
-                summary, error = {}, f"{type(exc).__name__}: {exc}"[:120]
-            faults = summary.get("faults", [{}])
-            rows.append({"fault": name, "tried": 1, "survived": int(not error),
-                         **audit(out, reference, cfg),
-                         "max_param_diff": param_diff(out, root / "reference"),
-                         "recovery_s": round(sum(f.get("recovery_s", 0.0) for f in faults), 2),
-                         "replayed_steps": sum(f.get("replayed_steps", 0) for f in faults),
-                         "rerun_requests": sum(f.get("rerun_requests", 0) for f in faults),
-                         "run_s": round(time.monotonic() - t0, 1), "error": error})
-    finally:
-        pool.shutdown()
-        if started:
-            import ray
-
-            ray.shutdown()
+    with ray_session(num_cpus=4):  # ends a cluster it started, on an error or Ctrl-C too
+        pool = DevicePool(4)
+        try:
+            rows = run_faults(pool, root)
+        finally:
+            pool.shutdown()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

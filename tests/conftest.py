@@ -30,14 +30,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    from dynaresize.devices.ray_device import ensure_ray
+    from dynaresize.devices.ray_device import ray_session
 
-    started = ensure_ray(num_cpus=8)
-    yield
-    if started:
-        import ray
-
-        ray.shutdown()
+    with ray_session(num_cpus=8):
+        yield
 
 
 @pytest.fixture(scope="session")

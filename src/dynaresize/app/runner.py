@@ -112,15 +112,17 @@ def _without_done_schedule(cfg: Config, num_done: int) -> Config:
 def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
     """After a run: stop a pool this run started (a shared one is made whole again for the
     next run), and the Ray cluster if this run started it."""
-    if own_pool and pool is not None:
-        pool.shutdown()
-    elif pool is not None:
-        pool.watch(0)
-        pool.repair()
-    if started_ray:
-        import ray
+    try:
+        if own_pool and pool is not None:
+            pool.shutdown()
+        elif pool is not None:
+            pool.watch(0)
+            pool.repair()
+    finally:  # a failed (or interrupted) pool shutdown still ends the cluster
+        if started_ray:
+            import ray
 
-        ray.shutdown()
+            ray.shutdown()
 
 
 def _checkpoints(cfg: Config, rundir: RunDir, resuming: bool) -> CheckpointTarget | None:
@@ -268,6 +270,8 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         _write_final_model(cfg, orch.versions, rundir.path)
         return summary
     finally:
-        stop_ray_evaluator(evaluator)
-        rundir.close()
-        _release(pool, own_pool, started_ray)
+        try:
+            stop_ray_evaluator(evaluator)
+            rundir.close()
+        finally:
+            _release(pool, own_pool, started_ray)

@@ -95,12 +95,30 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         return False
     # address="local": always a new cluster of our own, never one another user (or RAY_ADDRESS)
     # left running on this machine, which `ray.init()` would otherwise join
-    with loopback_http():
-        ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False,
-                 num_cpus=num_cpus,
-                 logging_level="warning", log_to_driver=False,
-                 runtime_env={"env_vars": loopback_env()})
+    try:
+        with loopback_http():
+            ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False,
+                     num_cpus=num_cpus,
+                     logging_level="warning", log_to_driver=False,
+                     runtime_env={"env_vars": loopback_env()})
+    except BaseException:  # e.g. Ctrl-C while it starts: end the processes it started
+        ray.shutdown()
+        raise
     return True
+
+
+@contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[bool]:
+    """`ensure_ray` for a `with` block: a cluster it started is shut down when the block
+    ends, on an exception or Ctrl-C too. Yields whether it started one."""
+    started = ensure_ray(address, num_cpus)
+    try:
+        yield started
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from dynaresize.core.types import Completion, InflightRequest, RequestSpec, Role, TrainSample
-from dynaresize.devices.cluster import ensure_ray
+from dynaresize.devices.cluster import ensure_ray, ray_session
 from dynaresize.devices.settings import DeviceSettings
 
-__all__ = ["CONTROL_GROUP", "ROLLOUT_GROUP", "RayDevice", "ensure_ray"]
+__all__ = ["CONTROL_GROUP", "ROLLOUT_GROUP", "RayDevice", "ensure_ray", "ray_session"]
 
 ROLLOUT_GROUP = "rollout"
 """Actor concurrency group of the rollout-side methods (one thread; the default group has

@@ -142,9 +142,7 @@ def run_resize_bench(models: list[str], repeats: int = 1, staging_bytes: int | N
     """The whole benchmark in one Ray session (started on loopback unless one is running)."""
     import tempfile
 
-    import ray
-
-    from dynaresize.devices.ray_device import ensure_ray
+    from dynaresize.devices.ray_device import ray_session
 
     if repeats < 1:
         raise ValueError(f"repeats = {repeats}: must be >= 1")
@@ -160,13 +158,9 @@ def run_resize_bench(models: list[str], repeats: int = 1, staging_bytes: int | N
         "models": []}
     progress(f"resize benchmark: models {', '.join(models)}, {repeats} repetition(s), "
              f"4 CPU devices (gloo), Ray on loopback")
-    started = ensure_ray(num_cpus=8)
-    try:
-        with tempfile.TemporaryDirectory(prefix="dynaresize-bench-") as tmp:
-            for name in models:
-                result["models"].append(bench_model(name, cfgs[name], repeats, tmp, progress,
-                                                    naive_moves))
-    finally:
-        if started:
-            ray.shutdown()
+    with ray_session(num_cpus=8), \
+            tempfile.TemporaryDirectory(prefix="dynaresize-bench-") as tmp:
+        for name in models:
+            result["models"].append(bench_model(name, cfgs[name], repeats, tmp, progress,
+                                                naive_moves))
     return result
