@@ -142,3 +142,33 @@ def test_only_the_runs_eos_ends_a_request(engine: Any) -> None:
         two_eos.shutdown()
     assert {k: (c.tokens, c.finish_reason) for k, c in got.items()} == \
         {k: (c.tokens, c.finish_reason) for k, c in ref.items()}
+
+
+def test_a_start_failing_after_vllm_started_frees_it_without_vllms_teardown(
+        model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure after `LLM(...)` (the warm-up, the drafting hook) frees the engine by our own
+    `shutdown`, with vLLM's finaliser detached first: its teardown would destroy the device
+    process's torch.distributed groups when the half-built engine is collected."""
+    from dynaresize.rollout.vllm_engine import VllmRolloutEngine
+    from dynaresize.rollout.vllm_world import model_dir
+
+    built: list[Any] = []
+    shut: list[Any] = []
+    real_shutdown = VllmRolloutEngine.shutdown
+
+    def failing_warm_up(self: Any) -> None:
+        built.append(self.engine.engine_core)
+        raise RuntimeError("warm-up failed")
+
+    def recording_shutdown(self: Any) -> None:
+        shut.append(self)
+        real_shutdown(self)
+
+    monkeypatch.setattr(VllmRolloutEngine, "_warm_up", failing_warm_up)
+    monkeypatch.setattr(VllmRolloutEngine, "shutdown", recording_shutdown)
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        VllmRolloutEngine(model_dir(model), eos_token_id=EOS, device_index=5, max_running=4,
+                          kv_cache_bytes=32 * 2**20)
+    assert len(shut) == 1 and shut[0].engine is None
+    finalizer = getattr(built[0], "_finalizer", None)
+    assert finalizer is None or not finalizer.alive

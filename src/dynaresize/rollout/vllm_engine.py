@@ -104,7 +104,22 @@ class VllmRolloutEngine(EngineBase):
                            distributed_executor_backend="uni", seed=0,
                            enable_sleep_mode=self.on_cuda, **_sampling_args(speculation))
         self.engine = self.llm.llm_engine
-        self.vocab_size = self.engine.model_config.get_vocab_size()  # checked by `add`
+        # vLLM's teardown (also its finaliser's) destroys every torch.distributed group of the
+        # process, the device's too: `shutdown` frees the engine without it, on a failure too.
+        finalizer = getattr(self.engine.engine_core, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()
+        try:
+            self._finish_start()
+        except BaseException:
+            self.shutdown()
+            raise
+        self.start_s = time.perf_counter() - t0
+        """Seconds to start the engine and run its first (warm-up) forwards."""
+
+    def _finish_start(self) -> None:
+        """After vLLM started: the vocabulary `add` checks, the drafting hook, the warm-up."""
+        self.vocab_size = self.engine.model_config.get_vocab_size()
         if self.drafting is not None:
             self.llm.collective_rpc(functools.partial(install, drafting=self.drafting))
             if not self.drafting.installed:  # the worker got a copy: another process
@@ -112,15 +127,7 @@ class VllmRolloutEngine(EngineBase):
                                    "core (VLLM_ENABLE_V1_MULTIPROCESSING=0, this module's "
                                    "default); it is set to "
                                    f"{os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING')!r}")
-        # vLLM's own teardown (also run by a finaliser when the engine is collected) destroys
-        # every torch.distributed group of the process, the device's included: `shutdown`
-        # below frees the engine without it.
-        finalizer = getattr(self.engine.engine_core, "_finalizer", None)
-        if finalizer is not None:
-            finalizer.detach()
         self._warm_up()
-        self.start_s = time.perf_counter() - t0
-        """Seconds to start the engine and run its first (warm-up) forwards."""
 
     def _warm_up(self) -> None:
         """Two short greedy requests: the first forwards of a new engine take seconds on CPU
