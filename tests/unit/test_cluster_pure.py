@@ -143,3 +143,22 @@ def test_device_processes_get_the_allocator_settings() -> None:
     for env in (base_env(), loopback_env()):
         assert env["MALLOC_ARENA_MAX"] == "2"
         assert int(env["MALLOC_MMAP_THRESHOLD_"]) == MMAP_THRESHOLD_BYTES <= 4 * 2**20
+
+
+def test_ray_imported_first_still_keeps_loopback_addresses() -> None:
+    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, at import: a program that imported
+    ray before dynaresize set it would have Ray rewrite a 127.0.0.1 GCS address to the
+    machine's outward one (a join then retries for minutes). In a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.environ.pop('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER', None)\n"
+            "from ray._private import ray_constants, services\n"
+            "assert ray_constants.ENABLE_RAY_CLUSTER  # Linux's default\n"
+            "os.environ['RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'] = '0'\n"
+            "from dynaresize.devices.cluster import keep_loopback_addresses\n"
+            "keep_loopback_addresses()\n"
+            "print(ray_constants.ENABLE_RAY_CLUSTER, services.get_node_ip_address())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["False", "127.0.0.1"]

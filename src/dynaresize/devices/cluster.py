@@ -58,6 +58,19 @@ DEAD_PROXY = "http://127.0.0.1:9"
 """A loopback port where nothing listens (discard): HTTP sent there fails at once."""
 
 
+def keep_loopback_addresses() -> None:
+    """Make Ray read `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` as set now, also when it was imported
+    before (its constant is read at import): with the constant true, Ray rewrites a
+    127.0.0.1 or localhost GCS address to this machine's outward address and retries that
+    address for minutes."""
+    from ray._private import ray_constants
+
+    value = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "0").lower()
+    wanted = value in ("1", "true")  # Ray's own reading (`env_bool`)
+    if ray_constants.ENABLE_RAY_CLUSTER != wanted:
+        ray_constants.ENABLE_RAY_CLUSTER = wanted
+
+
 @contextmanager
 def loopback_http() -> Iterator[None]:
     """While a local cluster's processes start (they keep this environment): HTTP through
@@ -89,6 +102,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
     if ray.is_initialized():
         return False
+    keep_loopback_addresses()
     if address:
         check_reachable(address)
         ray.init(**join_kwargs(address))
