@@ -62,8 +62,9 @@ def test_dry_run_text_keeps_control_characters(tmp_path: Path) -> None:
         ("controller.hysteresis.lend_min_cv=-0.5", "controller.hysteresis.lend_min_cv", ">= 0"),
         ("rollout.batch_invariant=3", "rollout.batch_invariant", "true or false"),
         ("task.samples_per_prompt=1", "task.samples_per_prompt", ">= 2"),
-        ("faults.hang_timeout_s=60", "faults.hang_timeout_s", "below faults.timeout_s (60)"),
+        ("faults.hang_timeout_s=46", "faults.hang_timeout_s", "0.75 x faults.timeout_s (45)"),
         ("faults.hang_timeout_s=-1", "faults.hang_timeout_s", "0 (off)"),
+        ("faults.hang_timeout_s=0.1", "faults.hang_timeout_s", "from 1 to"),
         ("faults.kill=[{device=1, how='freeze'}]", "faults.kill[0].how", "allowed: kill, hang"),
     ],
 )

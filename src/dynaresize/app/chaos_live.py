@@ -93,8 +93,6 @@ class LiveTrap(Trap):
         super().__init__(deaths, seed)
         self.hang_p = hang_p
         """The share of deaths that freeze the process instead of killing it."""
-        self.hung: list[int] = []
-        """Devices frozen (SIGSTOP) rather than killed, in firing order."""
         self.roles: dict[int, Role] = {}
         self.doomed: set[int] = set()
         """Devices a fired death has chosen (their kill may still be pending)."""
@@ -103,12 +101,14 @@ class LiveTrap(Trap):
         self.roles = {d.index: d.role for d in devices}
         super().install(devices, _Processes(processes, self._freeze))
 
-    def _freeze(self, index: int) -> bool:
-        """Whether device `index`'s death is a freeze (drawn from the trial's generator)."""
-        if self.hang_p > 0 and float(self.rng.random()) < self.hang_p:
-            self.hung.append(index)
-            return True
-        return False
+    def _freeze(self) -> bool:
+        """Whether the next death is a freeze (drawn from the trial's generator)."""
+        return self.hang_p > 0 and float(self.rng.random()) < self.hang_p
+
+    @property
+    def hung(self) -> list[int]:
+        """Devices frozen (SIGSTOP) rather than killed, in firing order."""
+        return list(self.processes.hung) if self.processes is not None else []
 
     def _on_call(self, phase: str, op: str, caller: Any) -> None:
         role = ROLE_OF_PHASE.get(phase) or ROLE_OF_OP.get(op)
@@ -138,14 +138,16 @@ class _Processes:
     """The device pool as the trap uses it: a kill ignores a process already gone (a death
     the run has met meanwhile)."""
 
-    def __init__(self, pool: Any, freeze: Callable[[int], bool] | None = None) -> None:
+    def __init__(self, pool: Any, freeze: Callable[[], bool] | None = None) -> None:
         self._pool = pool
         self._freeze = freeze
+        self.hung: list[int] = []
 
     def kill(self, index: int) -> None:
         try:
-            if self._freeze is not None and self._freeze(index):
+            if self._freeze is not None and self._freeze():
                 self._pool.hang(index)
+                self.hung.append(index)
             else:
                 self._pool.kill(index)
         except ProcessLookupError:

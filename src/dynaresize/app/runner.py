@@ -116,8 +116,7 @@ def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
         if own_pool and pool is not None:
             pool.shutdown()
         elif pool is not None:
-            pool.watch(0)
-            pool.repair()
+            pool.repair()  # stops the hang watchdog first
     finally:  # a failed (or interrupted) pool shutdown still ends the cluster
         if started_ray:
             import ray

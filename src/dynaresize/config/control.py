@@ -121,5 +121,5 @@ class FaultsConfig:
                             "fails after this long (gloo usually fails at once).", default=60.0)
     hang_timeout_s: float = _doc(
         "A device that answers no liveness ping this long is taken for hung and killed, so "
-        "recovery replaces it (0: never; below faults.timeout_s, so a frozen trainer is "
-        "found before its peers' collectives time out).", default=30.0)
+        "recovery goes on without it (0: never; else 1 to 0.75 x faults.timeout_s, so a "
+        "frozen trainer is killed before its peers' collectives time out).", default=30.0)

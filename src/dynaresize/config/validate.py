@@ -201,13 +201,19 @@ def _validate_text_task(cfg: Config) -> None:
                           f"evaluation needs a held-out set: task.name in {', '.join(TEXT_TASKS)}")
 
 
+HANG_SHARE = 0.75
+"""`faults.hang_timeout_s` at most this share of `faults.timeout_s`: the watchdog kills a
+frozen device up to two ping intervals (2 x 10%) after the timeout (`devices.watchdog`)."""
+
+
 def _validate_faults(cfg: Config) -> None:
     positive("faults.timeout_s", cfg.faults.timeout_s)
-    hang_s = cfg.faults.hang_timeout_s
-    if not 0 <= hang_s < cfg.faults.timeout_s:
+    hang_s, most_s = cfg.faults.hang_timeout_s, HANG_SHARE * cfg.faults.timeout_s
+    if hang_s != 0 and not 1.0 <= hang_s <= most_s:
         raise ConfigError("faults.hang_timeout_s", hang_s,
-                          f"0 (off) or below faults.timeout_s ({cfg.faults.timeout_s:g}): a "
-                          "frozen trainer must be found before its peers' collectives time out")
+                          f"0 (off), or from 1 to {HANG_SHARE} x faults.timeout_s ({most_s:g}): "
+                          "a frozen trainer is killed up to two pings after it, and must be "
+                          "before its peers' collectives time out")
     for i, e in enumerate(cfg.faults.kill):
         name = f"faults.kill[{i}]"
         one_of(f"{name}.how", e.how, ("kill", "hang"))

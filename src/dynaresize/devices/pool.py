@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from dynaresize.core.types import Role
@@ -54,11 +54,17 @@ class DevicePool:
         self.hung: dict[int, float] = {}
         """Device index -> seconds it had answered no ping when the watchdog killed it."""
         self._gone: set[int] = set()
-        """Dead devices the watchdog found dead by themselves (nothing to kill)."""
+        """Devices found dead by themselves while watched (a ping failed): nothing to kill."""
+        self.frozen: set[int] = set()
+        """Devices frozen by `hang` (fault injection); `repair` ends those still there."""
+        self._started: dict[int, int] = {}
+        """Device index -> its process's start time (clock ticks) on this machine: a pid
+        another process took over is not the device's (`_local_alive`)."""
         self._watchdog: Watchdog | None = None
         self.actors = [self._start(i) for i in range(num_devices)]
         try:
             self.hosts: list[NodeInfo] = self._call_all("placement", range(num_devices))
+            self._remember_starts(range(num_devices))
             self._form_world()
         except BaseException:
             self.shutdown()
@@ -96,6 +102,18 @@ class DevicePool:
         ip = self.hosts[index].node_ip
         return is_loopback(ip) or ip == self._driver.node_ip
 
+    def _remember_starts(self, indices: Iterable[int]) -> None:
+        for i in indices:
+            if self._on_this_machine(i):
+                self._started[i] = _start_ticks(self.hosts[i].pid)
+
+    def _local_alive(self, index: int) -> bool:
+        """This machine's device `index`: its process (the same one, not a reused pid) and
+        its node's raylet are there and not zombies."""
+        host = self.hosts[index]
+        return _process_alive(host.pid, self._started.get(index)) and \
+            _process_alive(host.parent_pid)
+
     # ------------------------------------------------------------------ world
     def new_store(self) -> str:
         """A fresh rendezvous for a world group: a store address on the first live device's
@@ -129,6 +147,7 @@ class DevicePool:
         """Freeze device `index`'s process (fault injection): SIGSTOP on this machine, the
         actor stopping itself on another. It neither answers nor dies: only the watchdog
         (`watch`) ends it."""
+        self.frozen.add(index)
         if self._on_this_machine(index):
             os.kill(self.pids[index], signal.SIGSTOP)
         else:
@@ -150,7 +169,7 @@ class DevicePool:
             self._watchdog = None
         if hang_timeout_s > 0:
             self._watchdog = Watchdog(hang_timeout_s, self._ping, _poll, self._watched,
-                                      self._kill_hung)
+                                      self._kill_hung, dead=self._gone.add)
 
     def _ping(self, index: int) -> Any:
         return self._control(index, "ready").remote()
@@ -160,22 +179,20 @@ class DevicePool:
                 and i not in self._gone]
 
     def _kill_hung(self, index: int, silent_s: float) -> None:
-        if not self.is_alive(index):  # died by itself: recovery's, and no pid to kill
+        """The watchdog's verdict. A device on this machine whose process is gone died by
+        itself (recovery's; no pid to kill); one on another machine cannot be asked (it does
+        not answer): `ray.kill` ends it whatever it is."""
+        if index in self._gone or (self._on_this_machine(index) and
+                                   not self._local_alive(index)):
             self._gone.add(index)
             return
         self.hung[index] = silent_s
         print(f"dynaresize: device {index} answered no ping for {silent_s:.1f} s "
               f"(faults.hang_timeout_s): killed as hung", file=sys.stderr)
-        self.kill(index)
-
-    @contextlib.contextmanager
-    def _unwatched(self) -> Iterator[None]:
-        """While actors are replaced: no pings, and every device counts as answering after."""
-        if self._watchdog is None:
-            yield
-            return
-        with self._watchdog.paused():
-            yield
+        try:
+            self.kill(index)
+        except ProcessLookupError:  # it died meanwhile
+            self._gone.add(index)
 
     def is_alive(self, index: int) -> bool:
         """Whether device `index`'s process still runs: not killed by us, its node not lost,
@@ -185,8 +202,7 @@ class DevicePool:
         if index in self.killed:
             return False
         if self._on_this_machine(index):
-            host = self.hosts[index]
-            return _process_alive(host.pid) and _process_alive(host.parent_pid)
+            return self._local_alive(index)
         if self.hosts[index].node_id in dead_nodes():
             return False
         import ray
@@ -198,21 +214,26 @@ class DevicePool:
         return True
 
     def repair(self) -> list[int]:
-        """Replace dead actors (in their own bundles) and re-form one world over all devices
-        (a pool shared by several runs is whole again after a fault run). Returns the replaced
-        indices."""
+        """Between runs: replace dead actors (in their own bundles) and those a fault injection
+        froze, and re-form one world over all devices (a pool shared by several runs is whole
+        again after a fault run). Stops the hang watchdog. Returns the replaced indices."""
+        self.watch(0)
+        for i in sorted(self.frozen - self.killed):
+            with contextlib.suppress(ProcessLookupError):
+                self.kill(i)
         dead = [i for i in range(self.num_devices) if not self.is_alive(i)]
         if not dead:
             return []
-        with self._unwatched():
-            for i in dead:
-                self.actors[i] = self._start(i)
-            for i, host in zip(dead, self._call_all("placement", dead), strict=True):
-                self.hosts[i] = host
-            self.killed.clear()
-            self._gone.clear()
-            self.hung.clear()
-            self._form_world()
+        for i in dead:
+            self.actors[i] = self._start(i)
+        for i, host in zip(dead, self._call_all("placement", dead), strict=True):
+            self.hosts[i] = host
+        self._remember_starts(dead)
+        self.killed.clear()
+        self._gone.clear()
+        self.hung.clear()
+        self.frozen.clear()
+        self._form_world()
         return dead
 
     def devices(self, settings: DeviceSettings, roles: tuple[Role, ...]) -> list[RayDevice]:
@@ -252,9 +273,25 @@ def _poll(refs: list[Any]) -> dict[Any, bool]:
     return done
 
 
-def _process_alive(pid: int) -> bool:
+def _proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
+        return None
+
+
+def _start_ticks(pid: int) -> int:
+    """When process `pid` started (clock ticks after boot; stat field 22), -1 if gone."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else -1
+
+
+def _process_alive(pid: int, started: int | None = None) -> bool:
+    """Whether `pid` runs and is not a zombie; `started`: and is the process that started
+    then (not another one the pid was given to since)."""
+    fields = _proc_stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
         return False
+    return started is None or (len(fields) > 19 and int(fields[19]) == started)

@@ -6,8 +6,8 @@ run with it, waits. The driver pings each device in the actors' control concurre
 (which answers while the device is busy in a rollout, a train step or a collective); a
 device that has answered no ping for `faults.hang_timeout_s` is killed (`DevicePool.kill`),
 and from then on it is a death like any other: its calls raise `ActorDiedError`, its
-peers' collectives fail at once (its sockets close), and `recovery.Recovery` fences and
-replaces it.
+peers' collectives fail at once (its sockets close), and `recovery.Recovery` fences it and
+goes on with the survivors.
 
 What it does not find: a device whose process answers pings while one of its ops never
 returns (a deadlocked collective is bounded by `faults.timeout_s` instead; a CUDA hang by
@@ -19,11 +19,10 @@ thread that sends the pings and kills.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -66,21 +65,23 @@ class Watchdog:
 
     `ping(index)`: send one ping, return a handle (a Ray object ref); `poll(handles)`: the
     handles whose answer came, each with whether it is an answer (False: an error, the actor
-    died: recovery finds that death by itself); `watched()`: the indices to watch now (live,
-    not already killed); `kill(index, silent_s)`: end a hung device. One ping per device is
-    in flight at a time. `start=False`: no thread (tests call `tick`)."""
+    died); `watched()`: the indices to watch now (live, not already killed); `kill(index,
+    silent_s)`: end a hung device; `dead(index)`: a ping failed, the device died by itself
+    (recovery finds that death; the caller stops watching it). One ping per device is in
+    flight at a time. `start=False`: no thread (tests call `tick`)."""
 
     def __init__(self, timeout_s: float, ping: Callable[[int], Any],
                  poll: Callable[[list[Any]], dict[Any, bool]],
                  watched: Callable[[], list[int]], kill: Callable[[int, float], None],
-                 now: Callable[[], float] = time.monotonic, start: bool = True) -> None:
+                 now: Callable[[], float] = time.monotonic, start: bool = True,
+                 dead: Callable[[int], None] = lambda index: None) -> None:
         self.watch = HangWatch(timeout_s)
         self._ping = ping
         self._poll = poll
         self._watched = watched
         self._kill = kill
+        self._dead = dead
         self._now = now
-        self._lock = threading.Lock()
         self._outstanding: dict[int, Any] = {}
         self._stop = threading.Event()
         self.watch.reset(watched(), now())
@@ -90,54 +91,49 @@ class Watchdog:
         if start:
             self._thread.start()
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No round runs inside; after it, no ping is in flight and every device counts as
-        answering now (its actor may have been replaced)."""
-        with self._lock:
-            try:
-                yield
-            finally:
-                self._outstanding.clear()
-                self.watch.reset(self._watched(), self._now())
-                self._last_round_s = self._now()
-
     def stop(self) -> None:
+        """End the thread; once this returns, no round runs (a round never blocks: polls do
+        not wait, kills are signals)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10.0)
+            self._thread.join()
 
     def _loop(self) -> None:
         interval_s = ping_interval_s(self.watch.timeout_s)
+        reported: set[str] = set()
         while not self._stop.wait(interval_s):
             try:
                 self.tick()
-            except Exception as exc:  # Ray shutting down under us: stop watching
-                if not self._stop.is_set():
-                    print(f"dynaresize: hang watchdog stopped: {exc!r}", file=sys.stderr)
-                return
+            except Exception as exc:  # one round failed (a GCS hiccup): the next may not
+                if repr(exc) not in reported:
+                    reported.add(repr(exc))
+                    print(f"dynaresize: hang watchdog: a round failed: {exc!r}",
+                          file=sys.stderr)
 
     def tick(self) -> list[int]:
         """One round: collect answers, ping who has no ping in flight, kill the overdue.
         Returns the devices killed."""
-        with self._lock:
-            watched = self._watched()
-            now_s = self._now()
-            if now_s - self._last_round_s > self.watch.timeout_s / 2:
-                self.watch.reset(watched, now_s)  # this process stalled, not the devices
-            self._last_round_s = now_s
-            index_of = {id(ref): i for i, ref in self._outstanding.items()}
-            done = self._poll(list(self._outstanding.values())) if index_of else {}
-            for ref, ok in done.items():
-                index = index_of[id(ref)]
-                del self._outstanding[index]
-                if ok:
-                    self.watch.answered(index, now_s)
-            for i in watched:
-                if i not in self._outstanding:
-                    self._outstanding[i] = self._ping(i)
-            overdue = self.watch.overdue(watched, now_s)
-            for i in overdue:
-                self._kill(i, self.watch.silent_s(i, now_s))
-                self._outstanding.pop(i, None)
+        watched = self._watched()
+        now_s = self._now()
+        if now_s - self._last_round_s > self.watch.timeout_s / 2:
+            self.watch.reset(watched, now_s)  # this process stalled, not the devices
+        self._last_round_s = now_s
+        index_of = {id(ref): i for i, ref in self._outstanding.items()}
+        done = self._poll(list(self._outstanding.values())) if index_of else {}
+        for ref, ok in done.items():
+            index = index_of[id(ref)]
+            del self._outstanding[index]
+            if ok:
+                self.watch.answered(index, now_s)
+            else:
+                self._dead(index)
+        still = set(self._watched())  # minus those just found dead
+        watched = [i for i in watched if i in still]
+        for i in watched:
+            if i not in self._outstanding:
+                self._outstanding[i] = self._ping(i)
+        overdue = self.watch.overdue(watched, now_s)
+        for i in overdue:
+            self._kill(i, self.watch.silent_s(i, now_s))
+            self._outstanding.pop(i, None)
         return overdue
