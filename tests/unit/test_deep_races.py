@@ -54,7 +54,8 @@ class Watch:
                 others = [r for r in (pool.run, *pool.tails) if r is not None and r is not run]
                 if any(d.index in r.held_devices() for r in others):
                     self.problems.append(("in two runs", d.index, run.version))
-                if d.index in o.state.allocation.train and d.index not in pool.serving_early:
+                if d.index in o.state.allocation.train \
+                        and d.index not in pool.transit.serving_early:
                     self.problems.append(("trainer in a run", d.index, run.version))
             add(run, devices)
 
@@ -156,7 +157,8 @@ def test_random_moves_with_slow_weight_loads_keep_the_records(
     out = run(tmp_path, "moves", RandomMoves(seed), (5, 3), 7, staleness, **slow)
     assert records(out) == records(reference)
     assert not watch.problems
-    assert not watch.pool().leaving and not watch.pool().serving_early
+    transit = watch.pool().transit
+    assert not transit.leaving and not transit.serving_early
 
 
 @pytest.mark.parametrize("sync_bytes_per_s", [1e8, 5e7])
@@ -196,7 +198,7 @@ def test_a_rolled_back_resize_leaves_no_engine_leaving(tmp_path: Path,
     watch = Watch(monkeypatch)
     run(tmp_path, "rollback", MoveAt(3, "train->rollout", 1), (4, 4), 6, 2)
     pool = watch.pool()
-    assert not pool.leaving and not pool.serving_early
+    assert not pool.transit.leaving and not pool.transit.serving_early
     assert pool.num_rollout_devices() == len(pool.rollout_devices()) == 4
 
 

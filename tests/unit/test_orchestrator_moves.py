@@ -14,6 +14,7 @@ from dynaresize.control.base import Move, RunView
 from dynaresize.control.fixed import FixedSplit
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.sim.costs import get_cost_model
 from dynaresize.sim.harness import run_config, sim_config
@@ -328,7 +329,8 @@ def _pool(run: _Run, served_version: int) -> EnginePool:
     clock = SimpleNamespace(now=lambda: 0.0)
     versions = EngineVersions((0, 1), clock,  # type: ignore[arg-type]
                               SimpleNamespace(event=lambda *args, **kwargs: None))
-    pool = EnginePool(state, clock, background, versions)  # type: ignore[arg-type]
+    pool = EnginePool(state, clock, background, versions,  # type: ignore[arg-type]
+                      EngineTransit())
     pool.start_run(run)  # type: ignore[arg-type]
     versions.set_loaded(0, run.version)
     versions.gone(1)

@@ -142,13 +142,15 @@ def test_a_device_joining_between_runs_loads_the_loops_version_or_the_newest_kep
     from types import SimpleNamespace
 
     from dynaresize.orchestrator.engine_pool import EnginePool
+    from dynaresize.orchestrator.engine_transit import EngineTransit
     from dynaresize.orchestrator.state import VersionStore
 
     async def scenario() -> list[int]:
         versions = VersionStore()
         state = SimpleNamespace(devices=[SimpleNamespace(index=0)], versions=versions,
                                 rollout_version=1, allocation=None)
-        pool = EnginePool(state, None, Background(), None)  # type: ignore[arg-type]
+        pool = EnginePool(state, None, Background(), None,  # type: ignore[arg-type]
+                          EngineTransit())
         for v in (1, 2):
             await versions.publish(v, f"w{v}")
         got = [pool.current_weights()[0]]             # v1 still kept (the two newest are)

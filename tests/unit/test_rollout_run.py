@@ -302,6 +302,7 @@ def test_an_engine_being_packed_away_is_still_held_and_busy_for_the_pool() -> No
     from types import SimpleNamespace
 
     from dynaresize.orchestrator.engine_pool import EnginePool
+    from dynaresize.orchestrator.engine_transit import EngineTransit
 
     async def main() -> tuple[list[int], list[int], set[int], list[int]]:
         engines = [GatedEngine(0), GatedEngine(1)]
@@ -312,7 +313,7 @@ def test_an_engine_being_packed_away_is_still_held_and_busy_for_the_pool() -> No
         for _ in range(3):  # both engines are now inside a slice
             await asyncio.sleep(0)
         pool = EnginePool(SimpleNamespace(devices=engines), RealClock(),  # type: ignore[arg-type]
-                          None, None)  # type: ignore[arg-type]
+                          None, None, EngineTransit())  # type: ignore[arg-type]
         pool.keep_tail(run)
         released: list[int] = []
         run.hand_off(lambda d: released.append(d.index))  # packs engine 1 (highest index)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Device, WeightHandle
@@ -19,10 +20,9 @@ class ResizeHooks:
 
     state: RunState
     versions: EngineVersions
+    transit: EngineTransit
     run: RolloutRun | None
     tails: list[RolloutRun]
-    leaving: set[int]
-    serving_early: set[int]
     _served_version: int
     _stopped_in: dict[int, RolloutRun]
 
@@ -54,7 +54,7 @@ class ResizeHooks:
         picks = [d.index for d in self.rollout_devices() if d.index not in taken]
         runs = ([run] if run is not None else []) + [t for t in self.tails[::-1] if t is not run]
         for one in runs:  # the newest run is the newest tail too until the next one starts
-            active = set(one.devices()) - self.leaving
+            active = set(one.devices()) - self.transit.leaving
             idle = [i for i in one.idle_devices() if i in active]
             working = sorted(active - set(idle), reverse=True)
             picks += idle + working[:-1] if working else idle[:-1]
@@ -74,7 +74,7 @@ class ResizeHooks:
         return None
 
     async def stop_admission(self, device: Device) -> None:
-        self.leaving.add(device.index)
+        self.transit.leave(device.index)
         holder = self._holder(device.index)
         if holder is not None:
             self._stopped_in[device.index] = holder
@@ -100,9 +100,7 @@ class ResizeHooks:
         rollout loop moved on to a step that needs another version meanwhile (pipelined
         rollouts: the next step's run may start while a resize loads weights), the device
         first loads that version (`join_newest`), as an engine leaving a tail does."""
-        self.leaving.discard(device.index)
-        if device.index not in self.state.allocation.rollout:
-            self.serving_early.add(device.index)
+        self.transit.serve(device.index, early=device.index not in self.state.allocation.rollout)
         self._serve(device, self._served_version)
 
     def _serve(self, device: Device, version: int) -> None:
@@ -142,7 +140,6 @@ class ResizeHooks:
         rollback stops the devices it had brought to the rollout: those leave `leaving`
         too)."""
         moved = set(to_rollout) | set(to_train)
-        self.serving_early -= moved
-        self.leaving -= moved
+        self.transit.forget(moved)
         for index in moved:
             self._stopped_in.pop(index, None)

@@ -1,10 +1,10 @@
 """The engine pool: which rollout engines serve which step, and with which version.
 
-It owns the engines' loaded versions, the newest step's run (`run`) and, with pipelined
-rollouts, the earlier steps' tails (`tails`, oldest first: at most `pipeline.max_tails(s)`)
-and the engines on their way from them to the newest run; the devices a resize is taking out
-of the rollout (`leaving`) and the training devices serving before their resize commits
-(`serving_early`). The rollout loop drives it
+It owns the newest step's run (`run`) and, with pipelined rollouts, the earlier steps'
+tails (`tails`, oldest first: at most `pipeline.max_tails(s)`), and moves engines from them
+to the newest run. Which version each engine serves is `EngineVersions`'; the engines in
+transit (on their way to the newest run, loading a new step's version, borrowed, leaving by
+a resize, serving early) are `EngineTransit`'s. The rollout loop drives it
 (`start_run`, `keep_tail`, `end_run`); the resize executor calls its hooks
 (`stop_admission`, `requeue`, `start_serving`, `current_weights`).
 
@@ -19,6 +19,7 @@ import asyncio
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_hooks import ResizeHooks
 from dynaresize.orchestrator.engine_rescue import EngineRescue
+from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device, WeightHandle
@@ -27,33 +28,22 @@ from dynaresize.rollout.run import RolloutRun
 
 class EnginePool(EngineRescue, ResizeHooks):
     def __init__(self, state: RunState, clock: Clock, background: Background,
-                 versions: EngineVersions) -> None:
+                 versions: EngineVersions, transit: EngineTransit) -> None:
         self.state = state
         self.clock = clock
         self.background = background
         self.versions = versions
         """Which version each engine serves; loads weights (`load_version`)."""
+        self.transit = transit
+        """The engines in transit (`EngineTransit`)."""
         self.run: RolloutRun | None = None
         """The newest step's rollout (what controllers see and resizes act on)."""
         self.tails: list[RolloutRun] = []
         """Earlier steps' rollouts whose tails still run, oldest first (pipelined only)."""
-        self._tail_devices: set[int] = set()
-        """Devices on their way from a tail (or free) to the newest run."""
-        self._num_rescues = 0
-        """Tokens (negative) of `rescue_tail`s in `_tail_devices`."""
-        self._loading: set[int] = set()
-        """A new step's first engines while they load its version (`load_free`)."""
-        self._borrowed: set[int] = set()
-        """Engines on their way to a run by a side path (a rescue's donor, an engine recovery
-        brings back): in no run meanwhile, but not free (`tail_busy`)."""
         self._settled = asyncio.Event()
         self._settled.set()
         self._moved = asyncio.Event()
         """Set whenever an engine arrived in a run or a tail ended (`gathered` re-checks)."""
-        self.leaving: set[int] = set()
-        """rollout → train devices stopped by a resize in progress: no new rollout work."""
-        self.serving_early: set[int] = set()
-        """train → rollout devices serving before their resize committed."""
         self._served_version = 0
         self._stopped_in: dict[int, RolloutRun] = {}
         """Devices a resize stopped -> the run that held them (their requests go back there)."""
@@ -62,14 +52,17 @@ class EnginePool(EngineRescue, ResizeHooks):
     def rollout_devices(self) -> list[Device]:
         """The rollout pool, plus devices that serve ahead of their resize's commit, minus
         devices on their way to training (stopped, not yet committed)."""
-        indices = sorted((set(self.state.allocation.rollout) | self.serving_early)
-                         - self.leaving)
+        transit = self.transit
+        indices = sorted((set(self.state.allocation.rollout) | transit.serving_early)
+                         - transit.leaving)
         return [self.state.devices[i] for i in indices]
 
     def num_rollout_devices(self) -> int:
         """len(self.rollout_devices()) in O(1): devices serving early are training devices,
         devices leaving are rollout devices."""
-        return len(self.state.allocation.rollout) + len(self.serving_early) - len(self.leaving)
+        transit = self.transit
+        return (len(self.state.allocation.rollout) + len(transit.serving_early)
+                - len(transit.leaving))
 
     @property
     def tail_run(self) -> RolloutRun | None:
@@ -81,14 +74,14 @@ class EnginePool(EngineRescue, ResizeHooks):
 
     async def settle(self) -> None:
         """Return once a single step rolls out (no tail, no engine in transit)."""
-        while self.tails or self._tail_devices:
+        while self.tails or self.transit.has_arriving():
             self._settled.clear()
             await self._settled.wait()
 
     def tail_busy(self) -> set[int]:
         """Rollout devices a tail still holds, an engine leaving it (packed away, exporting)
         included, or that are on their way to the newest run (pipelined; empty otherwise)."""
-        busy = self._tail_devices | self._borrowed
+        busy = self.transit.in_transit()
         for tail in self.tails:
             busy.update(tail.held_devices())
         return busy
@@ -96,15 +89,16 @@ class EnginePool(EngineRescue, ResizeHooks):
     def engaged(self) -> set[int]:
         """Rollout devices some run holds (leaving ones included) or on their way to one,
         a new step's engines loading its version (`load_free`) included."""
-        busy = self.tail_busy() | self._loading
+        busy = self.tail_busy() | self.transit.loading
         if self.run is not None:
             busy.update(self.run.held_devices())
         return busy
 
     def serves_rollout(self, index: int) -> bool:
         """Whether device `index` is in the rollout pool now (`rollout_devices`)."""
-        return index not in self.leaving and (
-            index in self.state.allocation.rollout or index in self.serving_early)
+        transit = self.transit
+        return index not in transit.leaving and (
+            index in self.state.allocation.rollout or index in transit.serving_early)
 
     async def load_free(self, version: int, handle: WeightHandle) -> list[Device]:
         """A new step's first engines: the free rollout devices (in no run, on their way to
@@ -113,26 +107,22 @@ class EnginePool(EngineRescue, ResizeHooks):
         death kept one from loading."""
         busy = self.engaged()
         ready = [d for d in self.rollout_devices() if d.index not in busy]
-        loading = {d.index for d in ready}
-        self._loading |= loading
-        try:
+        with self.transit.loading_for_step({d.index for d in ready}):
             await self.load_version(version, handle, ready)
-        finally:
-            self._loading -= loading
         busy = self.engaged()
         return [d for d in ready if d.index not in busy and self.serves_rollout(d.index)
                 and self.versions.of(d.index) == version]
 
     def arriving(self) -> set[int]:
         """Devices on their way to the newest run: they left the previous tail or were free
-        and load its version (`run_settings.Arrivals`)."""
-        if not self._num_rescues:  # the set itself (read it only): no copy per join
-            return self._tail_devices
-        return {i for i in self._tail_devices if i >= 0}
+        and load its version (`run_settings.Arrivals`; read it only)."""
+        return self.transit.arriving()
 
-    def _check_settled(self) -> None:
+    def check_settled(self) -> None:
+        """An engine arrived in a run, or a tail ended, or a rescue did: `gathered` and
+        `settle` look again."""
         self._moved.set()
-        if not self.tails and not self._tail_devices:
+        if not self.tails and not self.transit.has_arriving():
             self._settled.set()
 
     async def gathered(self, run: RolloutRun) -> None:
@@ -160,7 +150,7 @@ class EnginePool(EngineRescue, ResizeHooks):
         # its own engines alone serve its queue once it hands off: they must hold it all,
         # each no more than the share cap it had while waiting for engines (`gathered`)
         cap = run.share_cap(self.num_rollout_devices())
-        if self._tail_devices or run.progress.remaining > len(run.devices()) * cap:
+        if self.transit.has_arriving() or run.progress.remaining > len(run.devices()) * cap:
             return False
         held = set(run.held_devices()) | self.tail_busy()
         return all(d.index in held for d in self.rollout_devices())
@@ -187,7 +177,7 @@ class EnginePool(EngineRescue, ResizeHooks):
             for index in run.devices():
                 self.join_newest(self.state.devices[index])
             self.tails = [tail for tail in self.tails if tail is not run]
-            self._check_settled()
+            self.check_settled()
         if self.run is run:
             self.run = None
 
@@ -203,7 +193,7 @@ class EnginePool(EngineRescue, ResizeHooks):
 
     def join_newest(self, device: Device) -> None:
         """`RolloutRun.hand_off`'s callback: `device` left the previous step's tail."""
-        self._tail_devices.add(device.index)
+        self.transit.add_arriving(device.index)
         self.background.spawn(self._move_to_newest(device))
 
     def _destination(self) -> RolloutRun | None:
@@ -231,8 +221,8 @@ class EnginePool(EngineRescue, ResizeHooks):
                     run.add_devices([device])
                     return
         finally:
-            self._tail_devices.discard(device.index)
-            self._check_settled()
+            self.transit.arrived(device.index)
+            self.check_settled()
 
     async def load_version(self, version: int, handle: WeightHandle,
                            engines: list[Device]) -> None:

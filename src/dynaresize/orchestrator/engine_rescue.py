@@ -2,7 +2,7 @@
 and the runs call: a dead engine leaves every run (`drop_lost`), a tail that lost its last
 engine borrows one of the newest run's (`rescue_tail`), and rollout devices in no run serve
 again after a repair (`serve_idle`). An engine on its way by one of these paths is in no run
-but not free (`_borrowed`, in `tail_busy`), so no other path takes it meanwhile. The
+but not free (`EngineTransit.borrowing`, in `tail_busy`), so no other path takes it meanwhile. The
 attributes below are `EnginePool`'s, set by its constructor."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dynaresize.orchestrator.background import Background
+from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, Device, WeightHandle
@@ -28,12 +29,9 @@ class EngineRescue:
     clock: Clock
     background: Background
     versions: EngineVersions
+    transit: EngineTransit
     run: RolloutRun | None
     tails: list[RolloutRun]
-    leaving: set[int]
-    _tail_devices: set[int]
-    _num_rescues: int
-    _borrowed: set[int]
 
     def rollout_devices(self) -> list[Device]:  # EnginePool's
         raise NotImplementedError
@@ -50,7 +48,7 @@ class EngineRescue:
     def join_newest(self, device: Device) -> None:  # EnginePool's
         raise NotImplementedError
 
-    def _check_settled(self) -> None:  # EnginePool's
+    def check_settled(self) -> None:  # EnginePool's
         raise NotImplementedError
 
     async def load_version(self, version: int, handle: WeightHandle,
@@ -64,9 +62,7 @@ class EngineRescue:
 
     def rescue_tail(self, tail: RolloutRun, version: int, lost_index: int) -> None:
         """The previous step lost its last engine (`lost_index`) with requests left."""
-        token = -1 - lost_index
-        self._tail_devices.add(token)  # no resize until it is rescued
-        self._num_rescues += 1
+        token = self.transit.start_rescue(lost_index)  # no resize until it is rescued
         self.background.spawn(self._rescue_tail(tail, version, token))
 
     async def _rescue_tail(self, tail: RolloutRun, version: int, token: int) -> None:
@@ -79,19 +75,15 @@ class EngineRescue:
                 if got is None:  # an engine another tail freed finished it meanwhile
                     return
                 newest, device = got
-                self._borrowed.add(device.index)
-                try:
+                with self.transit.borrowing(device.index):
                     if await self._borrow(newest, device, version):
                         self._deliver(device, tail)
                         return
-                finally:
-                    self._borrowed.discard(device.index)
             raise RuntimeError(f"the rollout of version {version} lost its last engine and "
                                "every engine that came to finish its requests died")
         finally:
-            self._tail_devices.discard(token)
-            self._num_rescues -= 1
-            self._check_settled()
+            self.transit.end_rescue(token)
+            self.check_settled()
 
     async def _donor(self, tail: RolloutRun) -> tuple[RolloutRun, Device] | None:
         """The newest run's highest-index engine, once it has one (if every rollout engine
@@ -100,7 +92,7 @@ class EngineRescue:
         waited_s = 0.0
         while not tail.finished.is_set():
             newest = self.run
-            donors = [i for i in newest.devices() if i not in self.leaving] \
+            donors = [i for i in newest.devices() if i not in self.transit.leaving] \
                 if newest is not None else []
             if newest is not None and donors:
                 return newest, self.state.devices[donors[-1]]
@@ -152,13 +144,10 @@ class EngineRescue:
         for device in self.rollout_devices():
             if device.index in self.engaged():
                 continue
-            self._borrowed.add(device.index)
-            try:
+            with self.transit.borrowing(device.index):
                 version, handle = self.current_weights()
                 await device.alloc_kv()
                 await device.load_weights(version, handle)
-            finally:
-                self._borrowed.discard(device.index)
             if self.serves_rollout(device.index) and device.index not in self.engaged():
                 self._serve(device, version)
 

@@ -64,6 +64,7 @@ from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, CheckpointTarget, NullCheckpointer
 from dynaresize.orchestrator.checkpoint_files import CheckpointState
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts, TrainSettings
@@ -120,7 +121,8 @@ class Orchestrator:
         self.boundary = boundary = OptimizerBoundary(board.changed)
         self.background = Background()
         engine_versions = EngineVersions((d.index for d in state.devices), clock, rundir)
-        self.engines = engines = EnginePool(state, clock, self.background, engine_versions)
+        self.engines = engines = EnginePool(state, clock, self.background, engine_versions,
+                                            EngineTransit())
         self.executor = ResizeExecutor(state.devices, clock, rundir, engines,
                                        cfg.resize.staging_bytes, fail=fail_op)
         stepper = PlainStep(cfg.train.micro_batch_size, clock, injector,
