@@ -15,7 +15,9 @@ import pytest
 
 from dynaresize.control.base import Controller, Move, RunView
 from dynaresize.control.fixed import FixedSplit
+from dynaresize.orchestrator.engine_hooks import ResizeHooks
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.engine_rescue import EngineRescue
 from dynaresize.orchestrator.orchestrator import Orchestrator
 from dynaresize.resize.executor import ResizeExecutor
 from dynaresize.rollout.run import RolloutRun
@@ -41,7 +43,7 @@ class Watch:
         self.orchestrator: Orchestrator | None = None
         self.problems: list[tuple[Any, ...]] = []
         init, add, slot_add = Orchestrator.__init__, RolloutRun.add_devices, SlotTable.add
-        movable = EnginePool.movable_to_train
+        movable = ResizeHooks.movable_to_train
 
         def orch_init(orch: Orchestrator, *a: Any, **k: Any) -> None:
             init(orch, *a, **k)
@@ -64,8 +66,8 @@ class Watch:
                 self.problems.append(("live slot replaced", device.index))
             return slot_add(table, device)
 
-        def movable_to_train(pool: EnginePool, num: int) -> Any:
-            picks = movable(pool, num)
+        def movable_to_train(hooks: ResizeHooks, num: int) -> Any:
+            picks = movable(hooks, num)
             if picks is not None and len(set(picks)) != len(picks):
                 self.problems.append(("picked twice", picks))
             return picks
@@ -73,7 +75,7 @@ class Watch:
         monkeypatch.setattr(Orchestrator, "__init__", orch_init)
         monkeypatch.setattr(RolloutRun, "add_devices", add_devices)
         monkeypatch.setattr(SlotTable, "add", table_add)
-        monkeypatch.setattr(EnginePool, "movable_to_train", movable_to_train)
+        monkeypatch.setattr(ResizeHooks, "movable_to_train", movable_to_train)
 
     def pool(self) -> EnginePool:
         assert self.orchestrator is not None
@@ -212,7 +214,7 @@ class KillTailEngine:
         self.watch, self.donor, self.slow_load_s = watch, donor, slow_load_s
         self.killed: list[int] = []
         self.processes: Any = None
-        hand_off, rescue = EnginePool.hand_off_tail, EnginePool.rescue_tail
+        hand_off, rescue = EnginePool.hand_off_tail, EngineRescue.rescue_tail
         started: list[Any] = []
 
         def hand_off_tail(pool: EnginePool) -> None:
@@ -220,14 +222,16 @@ class KillTailEngine:
             if not started:
                 started.append(asyncio.ensure_future(self.poll(pool)))
 
-        def rescue_tail(pool: EnginePool, tail: RolloutRun, version: int, lost: int) -> None:
-            rescue(pool, tail, version, lost)
+        def rescue_tail(engine_rescue: EngineRescue, tail: RolloutRun, version: int,
+                        lost: int) -> None:
+            rescue(engine_rescue, tail, version, lost)
+            pool = self.watch.pool()
             if self.donor and pool.run is not None and pool.run.devices():
                 asyncio.get_running_loop().call_later(0.1, self.processes.kill,
                                                       pool.run.devices()[-1])
 
         monkeypatch.setattr(EnginePool, "hand_off_tail", hand_off_tail)
-        monkeypatch.setattr(EnginePool, "rescue_tail", rescue_tail)
+        monkeypatch.setattr(EngineRescue, "rescue_tail", rescue_tail)
 
     def chaos(self, devices: list[Any], processes: Any) -> None:
         self.processes = processes

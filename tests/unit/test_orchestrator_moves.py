@@ -13,7 +13,9 @@ import pytest
 from dynaresize.control.base import Move, RunView
 from dynaresize.control.fixed import FixedSplit
 from dynaresize.orchestrator.background import Background
+from dynaresize.orchestrator.engine_hooks import ResizeHooks
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.engine_rescue import EngineRescue
 from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.sim.costs import get_cost_model
@@ -173,8 +175,8 @@ class _DeathsOnly:
     enabled = True
     num_repairs = 0
 
-    def __init__(self, faults, state, engines, fence, stepper, clock,  # type: ignore
-                 rundir, **hooks) -> None:
+    def __init__(self, faults, state, engines, hooks, fence, stepper,  # type: ignore
+                 clock, rundir, **callbacks) -> None:
         self.fence = fence
 
     def on_rollout_lost(self, device, exc) -> bool:  # type: ignore[no-untyped-def]
@@ -318,24 +320,31 @@ class _Device:
         self.loaded = version
 
 
-def _pool(run: _Run, served_version: int) -> EnginePool:
-    """An engine pool with device 0 in `run` and device 1 a training device (what
+def _pool(run: _Run, served_version: int) -> tuple[EnginePool, ResizeHooks]:
+    """An engine pool with device 0 in `run` and device 1 a training device, and its resize
+    hooks, whose `current_weights` named `served_version` before `run` started (what
     `start_serving` and the move to the newest run use, nothing else)."""
     state = SimpleNamespace(devices=[_Device(0), _Device(1)],
                             allocation=SimpleNamespace(rollout=(0,), train=(1,)),
-                            versions=SimpleNamespace(get=lambda version: f"weights v{version}"))
+                            versions=SimpleNamespace(get=lambda version: f"weights v{version}",
+                                                     latest=served_version,
+                                                     has=lambda version: True),
+                            rollout_version=served_version)
     background = Background()
     background.start()
     clock = SimpleNamespace(now=lambda: 0.0)
     versions = EngineVersions((0, 1), clock,  # type: ignore[arg-type]
                               SimpleNamespace(event=lambda *args, **kwargs: None))
-    pool = EnginePool(state, clock, background, versions,  # type: ignore[arg-type]
-                      EngineTransit())
+    transit = EngineTransit()
+    pool = EnginePool(state, clock, background, versions, transit)  # type: ignore[arg-type]
+    rescue = EngineRescue(pool, transit, state, versions, clock,  # type: ignore[arg-type]
+                          background)
+    hooks = ResizeHooks(pool, transit, state, versions, rescue)  # type: ignore[arg-type]
+    assert hooks.current_weights()[0] == served_version  # no step rolls out yet
     pool.start_run(run)  # type: ignore[arg-type]
     versions.set_loaded(0, run.version)
     versions.gone(1)
-    pool._served_version = served_version
-    return pool
+    return pool, hooks
 
 
 @pytest.mark.parametrize("served_version", [4, 5])
@@ -348,10 +357,10 @@ def test_device_joining_mid_resize_serves_the_running_steps_version(served_versi
 
     async def scenario() -> tuple[list[tuple[int, int]], int]:
         run = _Run(version=5)
-        pool = _pool(run, served_version)
+        pool, hooks = _pool(run, served_version)
         device = pool.state.devices[1]
         device.loaded = served_version               # what the resize loaded on it
-        pool.start_serving(device)
+        hooks.start_serving(device)
         await pool.settle()                          # the device is on its way, if at all
         return run.joined, pool.versions.of(1)
 

@@ -136,11 +136,12 @@ def test_a_background_error_fails_the_run_and_success_resolves_it() -> None:
 
 
 def test_a_device_joining_between_runs_loads_the_loops_version_or_the_newest_kept() -> None:
-    """`EnginePool.current_weights` (what a resize loads on a device joining the rollout):
+    """`ResizeHooks.current_weights` (what a resize loads on a device joining the rollout):
     the running step's version; between runs the rollout loop's, unless training ran ahead
     and the store already dropped it (then the newest)."""
     from types import SimpleNamespace
 
+    from dynaresize.orchestrator.engine_hooks import ResizeHooks
     from dynaresize.orchestrator.engine_pool import EnginePool
     from dynaresize.orchestrator.engine_transit import EngineTransit
     from dynaresize.orchestrator.state import VersionStore
@@ -149,15 +150,16 @@ def test_a_device_joining_between_runs_loads_the_loops_version_or_the_newest_kep
         versions = VersionStore()
         state = SimpleNamespace(devices=[SimpleNamespace(index=0)], versions=versions,
                                 rollout_version=1, allocation=None)
-        pool = EnginePool(state, None, Background(), None,  # type: ignore[arg-type]
-                          EngineTransit())
+        transit = EngineTransit()
+        pool = EnginePool(state, None, Background(), None, transit)  # type: ignore[arg-type]
+        hooks = ResizeHooks(pool, transit, state, None, None)  # type: ignore[arg-type]
         for v in (1, 2):
             await versions.publish(v, f"w{v}")
-        got = [pool.current_weights()[0]]             # v1 still kept (the two newest are)
+        got = [hooks.current_weights()[0]]            # v1 still kept (the two newest are)
         await versions.publish(3, "w3")
-        got.append(pool.current_weights()[0])         # v1 dropped: the newest
+        got.append(hooks.current_weights()[0])        # v1 dropped: the newest
         pool.start_run(SimpleNamespace(version=2))    # type: ignore[arg-type]
-        got.append(pool.current_weights()[0])         # a step rolls out: its version
+        got.append(hooks.current_weights()[0])        # a step rolls out: its version
         return got
 
     assert asyncio.run(scenario()) == [1, 3, 2]

@@ -80,7 +80,7 @@ CASES = {  # name: (rollout devices, kill, scheduled move, the pool refilled)
     # found live (bench/chaos_live.py --mode trap, seed 6): the rollout device a resize left
     # alone dies in it; the trainer reassigned to the rollout had no engine, but counted as
     # holding version 0 (the version steps 0-1 need at staleness 1), so requests were
-    # submitted to it before any weights were loaded (`EnginePool.engine_gone`)
+    # submitted to it before any weights were loaded (`ResizeHooks.engine_gone`)
     "last-rollout-device-dies-mid-resize": (2, {"device": 0, "step": 1, "at": "resize"},
                                             ("rollout->train", 1), "rollout"),
 }

@@ -1,12 +1,14 @@
-"""The engine pool's resize hooks, the part of `EnginePool` (a mixin) that the resize
-executor and the resizer call: which rollout devices a resize may take where they are
-(`movable_to_train`), stopping and requeueing them (`stop_admission`, `requeue`), a device
-joining the rollout (`current_weights`, `start_serving`) and the end of a resize
-(`forget_moved`). The attributes below are `EnginePool`'s, set by its constructor."""
+"""ResizeHooks: rollout devices leaving and joining the rollout. The resize executor calls
+its hooks (`stop_admission`, `requeue`, `current_weights`, `start_serving`), the resizer picks
+the devices a resize may take where they are (`movable_to_train`, `mark_leaving`) and ends a
+resize (`forget_moved`), recovery makes rollout devices in no run serve again after a repair
+(`serve_idle`). It owns which run each stopped device came from and the version the devices
+joining the rollout loaded; which devices leave or serve early is `EngineTransit`'s."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
@@ -15,31 +17,47 @@ from dynaresize.protocols import Device, WeightHandle
 from dynaresize.rollout.run import RolloutRun
 
 
+class HookedPool(Protocol):
+    """What the resize hooks need of the engine pool (`EnginePool`)."""
+
+    @property
+    def run(self) -> RolloutRun | None: ...
+
+    @property
+    def tails(self) -> Sequence[RolloutRun]: ...
+
+    def rollout_devices(self) -> list[Device]: ...
+
+    def tail_busy(self) -> set[int]: ...
+
+    def engaged(self) -> set[int]: ...
+
+    def serves_rollout(self, index: int) -> bool: ...
+
+    def is_tail(self, run: RolloutRun | None) -> bool: ...
+
+    def join_newest(self, device: Device) -> None: ...
+
+
+class TailRescue(Protocol):
+    """`EngineRescue`: a tail that a resize left with requests and no engine gets one."""
+
+    def rescue_tail(self, tail: RolloutRun, version: int, lost_index: int) -> None: ...
+
+
 class ResizeHooks:
-    """`EnginePool`'s resize hooks (see the module docstring)."""
-
-    state: RunState
-    versions: EngineVersions
-    transit: EngineTransit
-    run: RolloutRun | None
-    tails: list[RolloutRun]
-    _served_version: int
-    _stopped_in: dict[int, RolloutRun]
-
-    def rollout_devices(self) -> list[Device]:  # EnginePool's
-        raise NotImplementedError
-
-    def tail_busy(self) -> set[int]:  # EnginePool's
-        raise NotImplementedError
-
-    def is_tail(self, run: RolloutRun | None) -> bool:  # EnginePool's
-        raise NotImplementedError
-
-    def join_newest(self, device: Device) -> None:  # EnginePool's
-        raise NotImplementedError
-
-    if TYPE_CHECKING:  # EngineRescue's (a stub here would come first in EnginePool's MRO)
-        def rescue_tail(self, tail: RolloutRun, version: int, lost_index: int) -> None: ...
+    def __init__(self, pool: HookedPool, transit: EngineTransit, state: RunState,
+                 versions: EngineVersions, rescue: TailRescue) -> None:
+        self.pool = pool
+        self.transit = transit
+        self.state = state
+        self.versions = versions
+        """Which version each engine serves (`start_serving` sets the loaded one)."""
+        self.rescue = rescue
+        self._served_version = 0
+        """The version `current_weights` named last (what the device joining loaded)."""
+        self._stopped_in: dict[int, RolloutRun] = {}
+        """Devices a resize stopped -> the run that held them (their requests go back there)."""
 
     def movable_to_train(self, num: int) -> tuple[int, ...] | None:
         """Staleness >= 2 (`Resizer.deep`): `num` rollout devices a resize may stop where they
@@ -49,10 +67,11 @@ class ResizeHooks:
         (newest first). Every run keeps one engine that is not taken, and none of its others
         leaves counting on a taken one (`mark_leaving`), so the requests a stopped device
         hands back to its run (`requeue`) always have an engine."""
-        run = self.run
-        taken = self.tail_busy() | (set(run.held_devices()) if run is not None else set())
-        picks = [d.index for d in self.rollout_devices() if d.index not in taken]
-        runs = ([run] if run is not None else []) + [t for t in self.tails[::-1] if t is not run]
+        pool = self.pool
+        run = pool.run
+        taken = pool.tail_busy() | (set(run.held_devices()) if run is not None else set())
+        picks = [d.index for d in pool.rollout_devices() if d.index not in taken]
+        runs = ([run] if run is not None else []) + [t for t in pool.tails[::-1] if t is not run]
         for one in runs:  # the newest run is the newest tail too until the next one starts
             active = set(one.devices()) - self.transit.leaving
             idle = [i for i in one.idle_devices() if i in active]
@@ -68,7 +87,7 @@ class ResizeHooks:
                 holder.mark_leaving(self.state.devices[index])
 
     def _holder(self, index: int) -> RolloutRun | None:
-        for run in (self.run, *self.tails):
+        for run in (self.pool.run, *self.pool.tails):
             if run is not None and index in run.held_devices():
                 return run
         return None
@@ -85,15 +104,16 @@ class ResizeHooks:
         else, with nothing exported, to the newest). A tail left with requests and no engine
         (a resize that settled took its last one while the loop pipelined again) is rescued
         as if that engine had died (`rescue_tail`)."""
+        pool = self.pool
         run = self._stopped_in.pop(device.index, None)
-        if run is None or not (run is self.run or self.is_tail(run)):
-            run = self.run
+        if run is None or not (run is pool.run or pool.is_tail(run)):
+            run = pool.run
         if run is None:
             assert not exported, "requests in flight outside a rollout step"
             return
         run.requeue(device, exported)
-        if self.is_tail(run) and run.progress.remaining and not run.devices():
-            self.rescue_tail(run, run.version, device.index)
+        if pool.is_tail(run) and run.progress.remaining and not run.devices():
+            self.rescue.rescue_tail(run, run.version, device.index)
 
     def start_serving(self, device: Device) -> None:
         """A device the resize loaded with `current_weights` joins the running rollout. If the
@@ -107,19 +127,19 @@ class ResizeHooks:
         """`device`, loaded with `version`, joins the newest run (first loading its version
         if that is another)."""
         self.versions.set_loaded(device.index, version)
-        run = self.run
+        run = self.pool.run
         if run is None:
             return
         if version == run.version:
             run.add_devices([device])
         else:
-            self.join_newest(device)
+            self.pool.join_newest(device)
 
     def current_weights(self) -> tuple[int, WeightHandle]:
         """The version a device joining the rollout loads: the running step's; between runs
         the step the rollout loop is at, or, if training ran ahead and the store dropped that
         one meanwhile, the newest (the next step's run loads its own on stale engines)."""
-        run, versions = self.run, self.state.versions
+        run, versions = self.pool.run, self.state.versions
         if run is not None:  # every run the loop holds carries its version
             version = run.version
         else:
@@ -143,3 +163,22 @@ class ResizeHooks:
         self.transit.forget(moved)
         for index in moved:
             self._stopped_in.pop(index, None)
+
+    async def serve_idle(self) -> None:
+        """Recovery, at its repair: rollout devices in no run and on their way to none (a
+        failed resize lost track of them, a trainer reassigned to the rollout) load the
+        running step's version (`current_weights`) and serve it. Each is borrowed meanwhile
+        (`EngineTransit.borrowing`, in `tail_busy`), so no other path takes it too; one a
+        resize took meanwhile stays out."""
+        pool = self.pool
+        if pool.run is None:
+            return
+        for device in pool.rollout_devices():
+            if device.index in pool.engaged():
+                continue
+            with self.transit.borrowing(device.index):
+                version, handle = self.current_weights()
+                await device.alloc_kv()
+                await device.load_weights(version, handle)
+            if pool.serves_rollout(device.index) and device.index not in pool.engaged():
+                self._serve(device, version)

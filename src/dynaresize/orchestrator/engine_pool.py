@@ -5,8 +5,11 @@ tails (`tails`, oldest first: at most `pipeline.max_tails(s)`), and moves engine
 to the newest run. Which version each engine serves is `EngineVersions`'; the engines in
 transit (on their way to the newest run, loading a new step's version, borrowed, leaving by
 a resize, serving early) are `EngineTransit`'s. The rollout loop drives it
-(`start_run`, `keep_tail`, `end_run`); the resize executor calls its hooks
-(`stop_admission`, `requeue`, `start_serving`, `current_weights`).
+(`start_run`, `keep_tail`, `end_run`); recovery takes a dead engine out of every run
+(`drop_lost`). Devices a resize moves and the resize executor's hooks are `ResizeHooks`'
+(`orchestrator/engine_hooks.py`), a tail's rescue when it lost its last engine is
+`EngineRescue`'s (`orchestrator/engine_rescue.py`); both act on the pool through its public
+methods.
 
 Invariant: an engine joins a run only once it serves that run's version, and every rollout
 device not in transit is in the newest run or held by a tail.
@@ -17,8 +20,6 @@ from __future__ import annotations
 import asyncio
 
 from dynaresize.orchestrator.background import Background
-from dynaresize.orchestrator.engine_hooks import ResizeHooks
-from dynaresize.orchestrator.engine_rescue import EngineRescue
 from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.state import RunState
@@ -26,7 +27,7 @@ from dynaresize.protocols import Clock, Device, WeightHandle
 from dynaresize.rollout.run import RolloutRun
 
 
-class EnginePool(EngineRescue, ResizeHooks):
+class EnginePool:
     def __init__(self, state: RunState, clock: Clock, background: Background,
                  versions: EngineVersions, transit: EngineTransit) -> None:
         self.state = state
@@ -44,9 +45,6 @@ class EnginePool(EngineRescue, ResizeHooks):
         self._settled.set()
         self._moved = asyncio.Event()
         """Set whenever an engine arrived in a run or a tail ended (`gathered` re-checks)."""
-        self._served_version = 0
-        self._stopped_in: dict[int, RolloutRun] = {}
-        """Devices a resize stopped -> the run that held them (their requests go back there)."""
 
     # ------------------------------------------------------------------ the pool
     def rollout_devices(self) -> list[Device]:
@@ -223,6 +221,14 @@ class EnginePool(EngineRescue, ResizeHooks):
         finally:
             self.transit.arrived(device.index)
             self.check_settled()
+
+    def drop_lost(self, device: Device, exc: BaseException) -> None:
+        """A dead rollout device (fenced by recovery) leaves every run still holding it; its
+        requests rerun on the others (a resize may have stopped it and met its death in
+        `export_inflight`, before handing its requests back)."""
+        for run in (self.run, *self.tails):
+            if run is not None:
+                run.drop_lost(device, exc)
 
     async def load_version(self, version: int, handle: WeightHandle,
                            engines: list[Device]) -> None:

@@ -1,13 +1,13 @@
-"""The engine pool's side of device deaths, the part of `EnginePool` (a mixin) that recovery
-and the runs call: a dead engine leaves every run (`drop_lost`), a tail that lost its last
-engine borrows one of the newest run's (`rescue_tail`), and rollout devices in no run serve
-again after a repair (`serve_idle`). An engine on its way by one of these paths is in no run
-but not free (`EngineTransit.borrowing`, in `tail_busy`), so no other path takes it meanwhile. The
-attributes below are `EnginePool`'s, set by its constructor."""
+"""EngineRescue: a tail that lost its last engine with requests left borrows one of the
+newest run's (`rescue_tail`; the rollout loop calls it when the tail's last engine dies, the
+resize hooks when a resize took it). The donor leaves the newest run, loads the tail's
+version and finishes its requests. Meanwhile the rescue counts as on its way to the newest run
+(`EngineTransit.start_rescue`: no resize until it is rescued) and its donor is borrowed
+(`EngineTransit.borrowing`, in `tail_busy`): in no run, but no other path takes it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_transit import EngineTransit
@@ -22,43 +22,31 @@ RESCUE_WAIT_S = 600.0
 """How long it waits for recovery to bring one (then the run fails, naming the step)."""
 
 
-class EngineRescue:
-    """`EnginePool`'s part in recovery (see the module docstring)."""
+class RescuedPool(Protocol):
+    """What the tail rescue needs of the engine pool (`EnginePool`)."""
 
-    state: RunState
-    clock: Clock
-    background: Background
-    versions: EngineVersions
-    transit: EngineTransit
-    run: RolloutRun | None
-    tails: list[RolloutRun]
+    @property
+    def run(self) -> RolloutRun | None: ...
 
-    def rollout_devices(self) -> list[Device]:  # EnginePool's
-        raise NotImplementedError
+    def is_tail(self, run: RolloutRun | None) -> bool: ...
 
-    def engaged(self) -> set[int]:  # EnginePool's
-        raise NotImplementedError
+    def join_newest(self, device: Device) -> None: ...
 
-    def serves_rollout(self, index: int) -> bool:  # EnginePool's
-        raise NotImplementedError
-
-    def is_tail(self, run: RolloutRun | None) -> bool:  # EnginePool's
-        raise NotImplementedError
-
-    def join_newest(self, device: Device) -> None:  # EnginePool's
-        raise NotImplementedError
-
-    def check_settled(self) -> None:  # EnginePool's
-        raise NotImplementedError
+    def check_settled(self) -> None: ...
 
     async def load_version(self, version: int, handle: WeightHandle,
-                           engines: list[Device]) -> None:  # EnginePool's
-        raise NotImplementedError
+                           engines: list[Device]) -> None: ...
 
-    if TYPE_CHECKING:  # ResizeHooks' (a stub here would come first in EnginePool's MRO)
-        def current_weights(self) -> tuple[int, WeightHandle]: ...
 
-        def _serve(self, device: Device, version: int) -> None: ...
+class EngineRescue:
+    def __init__(self, pool: RescuedPool, transit: EngineTransit, state: RunState,
+                 versions: EngineVersions, clock: Clock, background: Background) -> None:
+        self.pool = pool
+        self.transit = transit
+        self.state = state
+        self.versions = versions
+        self.clock = clock
+        self.background = background
 
     def rescue_tail(self, tail: RolloutRun, version: int, lost_index: int) -> None:
         """The previous step lost its last engine (`lost_index`) with requests left."""
@@ -83,7 +71,7 @@ class EngineRescue:
                                "every engine that came to finish its requests died")
         finally:
             self.transit.end_rescue(token)
-            self.check_settled()
+            self.pool.check_settled()
 
     async def _donor(self, tail: RolloutRun) -> tuple[RolloutRun, Device] | None:
         """The newest run's highest-index engine, once it has one (if every rollout engine
@@ -91,7 +79,7 @@ class EngineRescue:
         run gets it); None once `tail` finished without."""
         waited_s = 0.0
         while not tail.finished.is_set():
-            newest = self.run
+            newest = self.pool.run
             donors = [i for i in newest.devices() if i not in self.transit.leaving] \
                 if newest is not None else []
             if newest is not None and donors:
@@ -114,40 +102,14 @@ class EngineRescue:
             if not self.versions.lost(device, exc):
                 raise
             return False
-        await self.load_version(version, self.state.versions.get(version), [device])
+        await self.pool.load_version(version, self.state.versions.get(version), [device])
         return self.versions.of(device.index) == version
 
     def _deliver(self, device: Device, tail: RolloutRun) -> None:
         """A rescue's donor, loaded with `tail`'s version, joins it; if the tail ended
         meanwhile (its requests done elsewhere), the newest step's run, like any engine a
         tail frees (`join_newest`)."""
-        if tail.finished.is_set() or not self.is_tail(tail):
-            self.join_newest(device)
+        if tail.finished.is_set() or not self.pool.is_tail(tail):
+            self.pool.join_newest(device)
         else:
             tail.add_devices([device])
-
-    def drop_lost(self, device: Device, exc: BaseException) -> None:
-        """A dead rollout device (fenced by recovery) leaves every run still holding it; its
-        requests rerun on the others (a resize may have stopped it and met its death in
-        `export_inflight`, before handing its requests back)."""
-        for run in (self.run, *self.tails):
-            if run is not None:
-                run.drop_lost(device, exc)
-
-    async def serve_idle(self) -> None:
-        """Recovery, at its repair: rollout devices in no run and on their way to none (a
-        failed resize lost track of them, a trainer reassigned to the rollout) load the
-        running step's version and serve it. Each is in transit meanwhile (`tail_busy`), so
-        no other path takes it too; one a resize took meanwhile stays out."""
-        if self.run is None:
-            return
-        for device in self.rollout_devices():
-            if device.index in self.engaged():
-                continue
-            with self.transit.borrowing(device.index):
-                version, handle = self.current_weights()
-                await device.alloc_kv()
-                await device.load_weights(version, handle)
-            if self.serves_rollout(device.index) and device.index not in self.engaged():
-                self._serve(device, version)
-

@@ -13,7 +13,7 @@
     rewards, advantages ─► StepBoard ─────┼───────► train_step on every rank │
                                           │         publish_weights(k + 1) ──┘
                                           └──────── RunState.versions[k + 1]
- Resizer: waits for the OptimizerBoundary, runs ResizeExecutor (hooks: EnginePool)
+ Resizer: waits for the OptimizerBoundary, runs ResizeExecutor (hooks: ResizeHooks)
  Recovery / Checkpointer: at the boundary (null objects when off)
 ```
 
@@ -63,7 +63,9 @@ from dynaresize.orchestrator.board import StepBoard
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.checkpoint import Checkpointer, CheckpointTarget, NullCheckpointer
 from dynaresize.orchestrator.checkpoint_files import CheckpointState
+from dynaresize.orchestrator.engine_hooks import ResizeHooks
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.engine_rescue import EngineRescue
 from dynaresize.orchestrator.engine_transit import EngineTransit
 from dynaresize.orchestrator.engine_versions import EngineVersions
 from dynaresize.orchestrator.fault_injection import FaultInjector
@@ -121,15 +123,18 @@ class Orchestrator:
         self.boundary = boundary = OptimizerBoundary(board.changed)
         self.background = Background()
         engine_versions = EngineVersions((d.index for d in state.devices), clock, rundir)
+        transit = EngineTransit()
         self.engines = engines = EnginePool(state, clock, self.background, engine_versions,
-                                            EngineTransit())
-        self.executor = ResizeExecutor(state.devices, clock, rundir, engines,
+                                            transit)
+        rescue = EngineRescue(engines, transit, state, engine_versions, clock, self.background)
+        self.hooks = hooks = ResizeHooks(engines, transit, state, engine_versions, rescue)
+        self.executor = ResizeExecutor(state.devices, clock, rundir, hooks,
                                        cfg.resize.staging_bytes, fail=fail_op)
         stepper = PlainStep(cfg.train.micro_batch_size, clock, injector,
                             cfg.train.max_tokens_per_micro_batch)
         self.recovery: Recovery | NullRecovery = NullRecovery() if faults is None else \
-            Recovery(faults, state, engines, lambda index: self.resizer.fence(index), stepper,
-                     clock, rundir,
+            Recovery(faults, state, engines, hooks, lambda index: self.resizer.fence(index),
+                     stepper, clock, rundir,
                      reassign=lambda index, role: self.resizer.reassign(index, role),
                      repair_soon=lambda: self.resizer.repair_soon())
         if isinstance(self.recovery, Recovery):  # an engine dying as it loads weights
@@ -145,8 +150,8 @@ class Orchestrator:
         self.pipelined = bool(self.streaming and cfg.run.staleness >= 1
                               and cfg.controller.pipeline_rollouts and injector is None)
         """Step k + 1's rollout starts on the engines step k's tail has emptied."""
-        self.resizer = Resizer(state, boundary, engines, self.executor, self.recovery, clock,
-                               deep=self.pipelined and cfg.run.staleness >= 2)
+        self.resizer = Resizer(state, boundary, engines, hooks, self.executor, self.recovery,
+                               clock, deep=self.pipelined and cfg.run.staleness >= 2)
         self.views = RunViews(state, engines, self.resizer, boundary, board, clock,
                               cfg.run.staleness, self.pipelined,
                               cfg.run.staleness == 0 and self.streaming)
@@ -155,7 +160,7 @@ class Orchestrator:
             RolloutSettings.from_config(
                 cfg, self.streaming, self.pipelined,
                 build_env(cfg.env, source, clock) if cfg.env.name else None), parts,
-            engines=engines, controller=controller, view=self.views, source=source,
+            engines=engines, rescue=rescue, controller=controller, view=self.views, source=source,
             background=self.background, injector=injector)
         self.train = TrainLoop(
             TrainSettings(cfg.run.steps, self.streaming), parts, boundary=boundary,

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from dynaresize.core.rundir import RunDir
 from dynaresize.core.samples import StepSamples
 from dynaresize.core.types import Role
+from dynaresize.orchestrator.engine_hooks import ResizeHooks
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.state import RunState
@@ -97,8 +98,8 @@ class Recovery:
     enabled = True
 
     def __init__(self, faults: DeviceFaults, state: RunState, engines: EnginePool,
-                 fence: Callable[[int], None], stepper: PlainStep, clock: Clock,
-                 rundir: RunDir, *,
+                 hooks: ResizeHooks, fence: Callable[[int], None], stepper: PlainStep,
+                 clock: Clock, rundir: RunDir, *,
                  reassign: Callable[[int, Role], Awaitable[None]] | None = None,
                  repair_soon: Callable[[], None] | None = None) -> None:
         self.is_alive = faults.is_alive
@@ -106,6 +107,8 @@ class Recovery:
         self.cause = faults.cause
         self.state = state
         self.engines = engines
+        self.hooks = hooks
+        """Rollout devices in no run serve again after a repair (`ResizeHooks.serve_idle`)."""
         self.fence = fence
         self.reassign = reassign
         """`reassign(index, role)`: move a live device into a pool deaths emptied (the
@@ -237,7 +240,7 @@ class Recovery:
             if isinstance(result, BaseException):
                 raise result
         num_replayed = await self._restore_train_state() if restore else 0
-        await self.engines.serve_idle()
+        await self.hooks.serve_idle()
         t1 = self.clock.now()
         self.world_stale = self.train_state_lost = False
         self.num_repairs += 1

@@ -2,13 +2,13 @@
 
 `resize(move, n, step)` waits until one step rolls out (`EnginePool.settle`) and for the
 boundary (the train lock; streaming training yields it between micro-batches), plans the
-move, runs it through the executor (whose hooks are the engine pool's) and, if it committed,
+move, runs it through the executor (whose hooks are `ResizeHooks`) and, if it committed,
 installs the new allocation. `resize_soon` starts one in the background. The resizer is the
 only writer of the resize ledger (reports, skipped moves, measured times, pending counts).
 
 `deep` (pipelined rollouts at staleness >= 2): a resize does not drain the pipeline first.
 It takes the boundary, and a rollout -> train move takes devices the pool can stop where they
-are (`EnginePool.movable_to_train`: free, or in a run that keeps another engine; the hooks
+are (`ResizeHooks.movable_to_train`: free, or in a run that keeps another engine; the hooks
 requeue each device's requests in the run that held it). Only if there are not enough does
 it wait, as at staleness 0 and 1, until one step rolls out (`num_settling`: the rollout loop
 then stops pipelining).
@@ -23,6 +23,7 @@ from dynaresize.control.base import Move
 from dynaresize.core.allocation import Allocation
 from dynaresize.core.types import Role
 from dynaresize.orchestrator.boundary import OptimizerBoundary
+from dynaresize.orchestrator.engine_hooks import ResizeHooks
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.recovery import NullRecovery, Recovery
 from dynaresize.orchestrator.state import RunState
@@ -33,13 +34,15 @@ from dynaresize.resize.planner import plan_resize, target_allocation
 
 class Resizer:
     def __init__(self, state: RunState, boundary: OptimizerBoundary, engines: EnginePool,
-                 executor: ResizeExecutor, recovery: Recovery | NullRecovery,
-                 clock: Clock, deep: bool = False) -> None:
+                 hooks: ResizeHooks, executor: ResizeExecutor,
+                 recovery: Recovery | NullRecovery, clock: Clock, deep: bool = False) -> None:
         self.state = state
         self.deep = deep
         """Staleness >= 2, pipelined: resizes stop devices where they are (module doc)."""
         self.boundary = boundary
         self.engines = engines
+        self.hooks = hooks
+        """The rollout devices a resize takes or brings (`ResizeHooks`)."""
         self.executor = executor
         self.recovery = recovery
         self.clock = clock
@@ -69,15 +72,15 @@ class Resizer:
         `index` of the other pool moves to it. Into training: it stops serving, its requests
         go back to the queue and its engine is released (recovery's world rebuild makes it a
         trainer and restores the state). Into the rollout: only the allocation changes (the
-        rebuild drops its trainer, `EnginePool.serve_idle` makes it serve)."""
+        rebuild drops its trainer, `ResizeHooks.serve_idle` makes it serve)."""
         device = self.state.devices[index]
         if role is Role.TRAIN:
-            await self.engines.stop_admission(device)
-            self.engines.requeue(device, await device.export_inflight())
+            await self.hooks.stop_admission(device)
+            self.hooks.requeue(device, await device.export_inflight())
             await device.release_kv()
             await device.release_rollout_weights()
-            self.engines.forget_moved((), (index,))
-        self.engines.engine_gone(index)  # into the rollout: a trainer has no engine yet
+            self.hooks.forget_moved((), (index,))
+        self.hooks.engine_gone(index)  # into the rollout: a trainer has no engine yet
         self.state.commit_allocation(self.state.allocation.with_roles({index: role}))
 
     def repair_soon(self) -> None:
@@ -150,7 +153,7 @@ class Resizer:
         await self.boundary.acquire_for_resize()
         if move != "rollout->train":
             return ()
-        prefer = self.engines.movable_to_train(num_devices)
+        prefer = self.hooks.movable_to_train(num_devices)
         if prefer is None:
             self.boundary.release()
         return prefer
@@ -168,7 +171,7 @@ class Resizer:
         # first: the plan must not name a device that died before it (it would reshard from
         # a dead trainer); devices picked in place may have died meanwhile: pick again
         if await recovery.repair() and prefer:
-            prefer = self.engines.movable_to_train(num_devices)
+            prefer = self.hooks.movable_to_train(num_devices)
             if prefer is None:
                 self.skipped.append(f"step {step}: after device deaths the rollout cannot "
                                     f"give {num_devices} devices where they are")
@@ -185,7 +188,7 @@ class Resizer:
             return None
         plan = plan_resize(state.allocation, target)
         if prefer:  # no engine of their runs leaves meanwhile counting on them
-            self.engines.mark_leaving(plan.to_train)
+            self.hooks.mark_leaving(plan.to_train)
         t_resize, installed = self.clock.now(), False
         try:
             report = await self.executor.execute(plan, state.optimizer_step)
@@ -197,7 +200,7 @@ class Resizer:
             report, t_resize = exc.report, self.clock.now() - t_resize
             installed = True
         except Exception as exc:  # the rollback itself met a dead device
-            self.engines.forget_moved(plan.to_rollout)
+            self.hooks.forget_moved(plan.to_rollout)
             if not recovery.find_dead(f"died in resize at step {step}"):
                 raise
             report = ResizeReport(self.executor.num_resizes - 1, False, 0.0, 0.0, 0.0,
@@ -206,7 +209,7 @@ class Resizer:
             self._install(plan.target)
         if recovery.find_dead(f"resize at step {step}"):
             await recovery.repair()
-        self.engines.forget_moved(plan.to_rollout, plan.to_train)
+        self.hooks.forget_moved(plan.to_rollout, plan.to_train)
         if report.ok:
             self.critical_s.append(report.critical_path_s)
             self.wall_s.append(t_resize)

@@ -30,6 +30,7 @@ from dynaresize.control.base import Controller
 from dynaresize.core.dynamic_sampling import rate_step
 from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.engine_pool import EnginePool
+from dynaresize.orchestrator.engine_rescue import EngineRescue
 from dynaresize.orchestrator.episodes import EpisodeTotals
 from dynaresize.orchestrator.fault_injection import FaultInjector
 from dynaresize.orchestrator.loop_parts import LoopParts
@@ -43,12 +44,15 @@ from dynaresize.rollout.run import RolloutRun, RunSettings
 
 class RolloutLoop:
     def __init__(self, settings: RolloutSettings, parts: LoopParts, *, engines: EnginePool,
-                 controller: Controller, view: RunViews, source: PromptSource,
-                 background: Background, injector: FaultInjector | None) -> None:
+                 rescue: EngineRescue, controller: Controller, view: RunViews,
+                 source: PromptSource, background: Background,
+                 injector: FaultInjector | None) -> None:
         self.settings = settings
         self.state = parts.state
         self.board = parts.board
         self.engines = engines
+        self.rescue = rescue
+        """A tail that lost its last engine gets one of the newest run's (`_on_lost`)."""
         self.resizer = parts.resizer
         self.recovery = parts.recovery
         self.controller = controller
@@ -170,7 +174,7 @@ class RolloutLoop:
         step's last engine and work is left there, an engine of the newest step takes over."""
         if not self.recovery.enabled:
             return None
-        recovery, engines = self.recovery, self.engines
+        recovery, engines, rescue = self.recovery, self.engines, self.rescue
 
         def lost(device: RolloutOps, exc: BaseException) -> bool:
             if not recovery.on_rollout_lost(device, exc):
@@ -178,7 +182,7 @@ class RolloutLoop:
             run = rollout.run
             if run is not None and engines.is_tail(run) and run.progress.remaining \
                     and not run.devices():
-                engines.rescue_tail(run, rollout.version, device.index)
+                rescue.rescue_tail(run, rollout.version, device.index)
             return True
         return lost
 
