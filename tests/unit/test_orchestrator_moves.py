@@ -340,7 +340,7 @@ def _pool(run: _Run, served_version: int) -> tuple[EnginePool, ResizeHooks]:
     rescue = EngineRescue(pool, transit, state, versions, clock,  # type: ignore[arg-type]
                           background)
     hooks = ResizeHooks(pool, transit, state, versions, rescue)  # type: ignore[arg-type]
-    assert hooks.current_weights()[0] == served_version  # no step rolls out yet
+    assert hooks.current_weights((1,))[0] == served_version  # no step rolls out yet
     pool.start_run(run)  # type: ignore[arg-type]
     versions.set_loaded(0, run.version)
     versions.gone(1)
@@ -427,3 +427,23 @@ def test_random_moves_keep_versions_and_finish(seed: int, steps: int) -> None:
     assert run.summary["steps"] == steps
     assert [m["policy_version"] for m in run.rundir.metrics] == [max(0, k - staleness)
                                                                 for k in range(steps)]
+
+
+def test_devices_of_one_resize_join_with_the_version_each_loaded() -> None:
+    """Two train->rollout devices of one resize call `current_weights` at different times: a
+    new step's run (version 5) started in between. Each joins with the version it loaded:
+    device 1 (version 4, loaded before) loads the running step's first; before, both joined
+    with the version named last (5), device 1 then served version 5 holding version 4."""
+
+    async def scenario() -> tuple[list[tuple[int, int]], int]:
+        run = _Run(version=5)
+        pool, hooks = _pool(run, 4)                   # device 1 was named version 4
+        assert hooks.current_weights((2,))[0] == 5    # another device, after the run started
+        device = pool.state.devices[1]
+        device.loaded = 4
+        hooks.start_serving(device)
+        await pool.settle()
+        return run.joined, pool.versions.of(1)
+
+    joined, engine_version = asyncio.run(scenario())
+    assert joined == [(1, 5)] and engine_version == 5

@@ -155,11 +155,11 @@ def test_a_device_joining_between_runs_loads_the_loops_version_or_the_newest_kep
         hooks = ResizeHooks(pool, transit, state, None, None)  # type: ignore[arg-type]
         for v in (1, 2):
             await versions.publish(v, f"w{v}")
-        got = [hooks.current_weights()[0]]            # v1 still kept (the two newest are)
+        got = [hooks.current_weights(())[0]]            # v1 still kept (the two newest are)
         await versions.publish(3, "w3")
-        got.append(hooks.current_weights()[0])        # v1 dropped: the newest
+        got.append(hooks.current_weights(())[0])      # v1 dropped: the newest
         pool.start_run(SimpleNamespace(version=2))    # type: ignore[arg-type]
-        got.append(hooks.current_weights()[0])        # a step rolls out: its version
+        got.append(hooks.current_weights(())[0])      # a step rolls out: its version
         return got
 
     assert asyncio.run(scenario()) == [1, 3, 2]

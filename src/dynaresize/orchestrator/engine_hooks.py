@@ -54,8 +54,10 @@ class ResizeHooks:
         self.versions = versions
         """Which version each engine serves (`start_serving` sets the loaded one)."""
         self.rescue = rescue
-        self._served_version = 0
-        """The version `current_weights` named last (what the device joining loaded)."""
+        self._loading: dict[int, int] = {}
+        """Device joining the rollout -> the version `current_weights` named for it (what it
+        loads: several devices of one resize may load different versions, a new step's run
+        having started in between)."""
         self._stopped_in: dict[int, RolloutRun] = {}
         """Devices a resize stopped -> the run that held them (their requests go back there)."""
 
@@ -121,7 +123,7 @@ class ResizeHooks:
         rollouts: the next step's run may start while a resize loads weights), the device
         first loads that version (`join_newest`), as an engine leaving a tail does."""
         self.transit.serve(device.index, early=device.index not in self.state.allocation.rollout)
-        self._serve(device, self._served_version)
+        self._serve(device, self._loading.pop(device.index))
 
     def _serve(self, device: Device, version: int) -> None:
         """`device`, loaded with `version`, joins the newest run (first loading its version
@@ -135,10 +137,11 @@ class ResizeHooks:
         else:
             self.pool.join_newest(device)
 
-    def current_weights(self) -> tuple[int, WeightHandle]:
-        """The version a device joining the rollout loads: the running step's; between runs
-        the step the rollout loop is at, or, if training ran ahead and the store dropped that
-        one meanwhile, the newest (the next step's run loads its own on stale engines)."""
+    def current_weights(self, for_devices: Sequence[int]) -> tuple[int, WeightHandle]:
+        """The version devices `for_devices`, joining the rollout, load (`start_serving` joins
+        each with it): the running step's; between runs the step the rollout loop is at, or,
+        if training ran ahead and the store dropped that one meanwhile, the newest (the next
+        step's run loads its own on stale engines)."""
         run, versions = self.pool.run, self.state.versions
         if run is not None:  # every run the loop holds carries its version
             version = run.version
@@ -146,7 +149,8 @@ class ResizeHooks:
             version = min(self.state.rollout_version, versions.latest)
             if not versions.has(version):
                 version = versions.latest
-        self._served_version = version
+        for index in for_devices:
+            self._loading[index] = version
         return version, versions.get(version)
 
     def engine_gone(self, index: int) -> None:

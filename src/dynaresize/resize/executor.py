@@ -29,7 +29,7 @@ class ResizeHooks(Protocol):
 
     def start_serving(self, device: Device) -> None: ...
 
-    def current_weights(self) -> tuple[int, WeightHandle]: ...
+    def current_weights(self, for_devices: Sequence[int]) -> tuple[int, WeightHandle]: ...
 
 
 class InjectedFailure(RuntimeError):
@@ -175,7 +175,7 @@ class ResizeExecutor:
         elif kind == "release_rollout_weights":
             await dev.release_rollout_weights()
         elif kind == "load_weights":
-            version, handle = self.hooks.current_weights()
+            version, handle = self.hooks.current_weights((dev.index,))
             await dev.load_weights(version, handle)
         elif kind == "alloc_kv":
             await dev.alloc_kv()
@@ -201,7 +201,7 @@ class ResizeExecutor:
         members = [self.devices[i] for i in sorted(set(plan.old_train) | set(plan.new_train))]
         got = await asyncio.gather(*(d.abort_reshard() for d in members), return_exceptions=True)
         errors = [e for e in got if isinstance(e, Exception)]
-        version, handle = self.hooks.current_weights()
+        version, handle = self.hooks.current_weights(plan.to_train)
         for i in plan.to_train:
             dev = self.devices[i]
             try:

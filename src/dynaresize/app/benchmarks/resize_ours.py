@@ -19,6 +19,7 @@ published weight handle, exactly as in a run. No rollout requests are in flight.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,7 @@ class BenchHooks:
     def start_serving(self, device: Device) -> None:
         return None
 
-    def current_weights(self) -> tuple[int, WeightHandle]:
+    def current_weights(self, for_devices: Sequence[int]) -> tuple[int, WeightHandle]:
         return self.version, self.handle
 
 
