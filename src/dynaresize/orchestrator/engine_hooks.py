@@ -181,7 +181,7 @@ class ResizeHooks:
             if device.index in pool.engaged():
                 continue
             with self.transit.borrowing(device.index):
-                version, handle = self.current_weights()
+                version, handle = self.current_weights(())
                 await device.alloc_kv()
                 await device.load_weights(version, handle)
             if pool.serves_rollout(device.index) and device.index not in pool.engaged():
