@@ -75,7 +75,7 @@ def test_bad_values_name_field_value_and_rule(override: str, field: str, needle:
     assert needle in str(info.value)
 
 
-def test_a_hang_needs_the_watchdog() -> None:
+def test_a_hang_needs_the_watchdog(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, ["faults.hang_timeout_s=0", "faults.kill=[{device=1, how='hang'}]"])
     assert info.value.field_name == "faults.kill[0].how"
@@ -83,6 +83,9 @@ def test_a_hang_needs_the_watchdog() -> None:
     cfg = load_config(None, ["faults.timeout_s=120", "faults.hang_timeout_s=90",
                              "faults.kill=[{device=1, how='hang'}]"])
     assert cfg.faults.kill[0].how == "hang"
+    path = tmp_path / "config.toml"                  # what a run directory keeps
+    path.write_text(to_toml(cfg))
+    assert load_config(path) == cfg
 
 
 def test_override_syntax() -> None:

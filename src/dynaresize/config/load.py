@@ -227,7 +227,7 @@ def to_toml(cfg: Config) -> str:
         lines += _toml_table(sec.name, getattr(cfg, sec.name))
     for e in cfg.faults.kill:
         lines += ["[[faults.kill]]", f"device = {e.device}", f"step = {e.step}",
-                  f'at = "{e.at}"', ""]
+                  f'at = "{e.at}"', *([f'how = "{e.how}"'] if e.how != "kill" else []), ""]
     for e in cfg.resize.schedule:
         lines += ["[[resize.schedule]]", f"step = {e.step}", f'at = "{e.at}"',
                   f'move = "{e.move}"', f"num_devices = {e.num_devices}", ""]
