@@ -151,7 +151,8 @@ class Orchestrator:
                               and cfg.controller.pipeline_rollouts and injector is None)
         """Step k + 1's rollout starts on the engines step k's tail has emptied."""
         self.resizer = Resizer(state, boundary, engines, hooks, self.executor, self.recovery,
-                               clock, deep=self.pipelined and cfg.run.staleness >= 2)
+                               clock, self.background,
+                               deep=self.pipelined and cfg.run.staleness >= 2)
         self.views = RunViews(state, engines, self.resizer, boundary, board, clock,
                               cfg.run.staleness, self.pipelined,
                               cfg.run.staleness == 0 and self.streaming)

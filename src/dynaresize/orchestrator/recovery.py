@@ -43,11 +43,17 @@ from typing import Any, Protocol
 from dynaresize.core.rundir import RunDir
 from dynaresize.core.samples import StepSamples
 from dynaresize.core.types import Role
-from dynaresize.orchestrator.engine_hooks import ResizeHooks
 from dynaresize.orchestrator.engine_pool import EnginePool
 from dynaresize.orchestrator.plain_step import PlainStep
 from dynaresize.orchestrator.state import RunState
 from dynaresize.protocols import Clock, RolloutOps
+
+
+class IdleServing(Protocol):
+    """What recovery needs of the resize hooks (`ResizeHooks`)."""
+
+    async def serve_idle(self) -> None: ...
+    """Rollout devices in no run load the running step's version and serve it."""
 
 
 class DeviceFaults(Protocol):
@@ -98,7 +104,7 @@ class Recovery:
     enabled = True
 
     def __init__(self, faults: DeviceFaults, state: RunState, engines: EnginePool,
-                 hooks: ResizeHooks, fence: Callable[[int], None], stepper: PlainStep,
+                 hooks: IdleServing, fence: Callable[[int], None], stepper: PlainStep,
                  clock: Clock, rundir: RunDir, *,
                  reassign: Callable[[int, Role], Awaitable[None]] | None = None,
                  repair_soon: Callable[[], None] | None = None) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from dynaresize.control.base import Move
 from dynaresize.core.allocation import Allocation
 from dynaresize.core.types import Role
+from dynaresize.orchestrator.background import Background
 from dynaresize.orchestrator.boundary import OptimizerBoundary
 from dynaresize.orchestrator.engine_hooks import ResizeHooks
 from dynaresize.orchestrator.engine_pool import EnginePool
@@ -35,8 +36,11 @@ from dynaresize.resize.planner import plan_resize, target_allocation
 class Resizer:
     def __init__(self, state: RunState, boundary: OptimizerBoundary, engines: EnginePool,
                  hooks: ResizeHooks, executor: ResizeExecutor,
-                 recovery: Recovery | NullRecovery, clock: Clock, deep: bool = False) -> None:
+                 recovery: Recovery | NullRecovery, clock: Clock, background: Background,
+                 deep: bool = False) -> None:
         self.state = state
+        self.background = background
+        """Where moves started by the controller run (their error fails the run)."""
         self.deep = deep
         """Staleness >= 2, pipelined: resizes stop devices where they are (module doc)."""
         self.boundary = boundary
@@ -94,7 +98,7 @@ class Resizer:
             finally:
                 self.boundary.release()
 
-        self.engines.background.spawn(go())
+        self.background.spawn(go())
 
     def resize_soon(self, move: Move, step: int) -> asyncio.Future[Any]:
         """Start a controller's move in the background (it waits for the next optimizer-step
