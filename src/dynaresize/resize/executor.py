@@ -171,7 +171,7 @@ class ResizeExecutor:
             report.bytes_moved += moved
             return moved
         elif kind == "commit":
-            await asyncio.gather(*(d.commit_train_group(plan.new_train) for d in members))
+            await self._commit(op, plan, report, members)
         elif kind == "release_rollout_weights":
             await dev.release_rollout_weights()
         elif kind == "load_weights":
@@ -186,6 +186,21 @@ class ResizeExecutor:
         else:
             raise ValueError(f"unknown op kind {kind!r}")
         return 0
+
+    async def _commit(self, op: Op, plan: ResizePlan, report: ResizeReport,
+                      members: list[Device]) -> None:
+        """Every member swaps in its side of the new group (a local swap, no collective). If
+        one fails (died) while others swapped, the new group is in charge all the same: the
+        op counts as done (`report.durations_s`), so the failure is after the commit
+        (`CommittedResizeError`), not a rollback to trainers that are gone."""
+        t0 = self.clock.now()
+        got = await asyncio.gather(*(d.commit_train_group(plan.new_train) for d in members),
+                                   return_exceptions=True)
+        errors = [g for g in got if isinstance(g, BaseException)]
+        if errors and len(errors) < len(got):
+            report.durations_s[op.id] = self.clock.now() - t0
+        if errors:
+            raise errors[0]
 
     async def _export(self, dev: Device, report: ResizeReport) -> None:
         exported = await dev.export_inflight()
