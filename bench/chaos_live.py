@@ -16,7 +16,7 @@ pipelined rollouts) shortened to 4 steps of 4 prompts x 4.
   turn pipelined rollouts off.
 - `--hangs P` (trap mode): each death is a freeze (SIGSTOP) with probability P, found by the
   hang watchdog after `faults.hang_timeout_s` (`HANG_TIMEOUT_S` here); its block is
-  `chaos-live-ENGINE-trap-hangs`.
+  `chaos-live-ENGINE-trap-hangs` (P = 1) or `chaos-live-ENGINE-trap-hangs-P`.
 Reported per trial: finished, lost / duplicated / wrong-version / changed samples against the
 reference, whether `param_sha256` equals the reference's (exact reduction: bitwise) and the
 largest parameter difference, recovery seconds and replayed steps. One Ray cluster and one
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         print(text)
     if args.write:
-        hangs = "-hangs" if args.hangs else ""
+        hangs = "" if not args.hangs else "-hangs" if args.hangs == 1 else f"-hangs-{args.hangs:g}"
         write_block(*block_markers(f"chaos-live-{args.engine}-{args.mode}{hangs}"), text)
     total = totals(rows)
     print(f"{args.engine}: {len(rows)} trials, {json.dumps(total)}")
