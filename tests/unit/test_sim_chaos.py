@@ -125,3 +125,17 @@ def test_trainers_dying_in_the_repair_before_a_resize_at_staleness_2(
               Death("rollout", 27, 0.4898, "rollout"))
     row = campaign.run(Trial(250, Variant("static", 2, 2, "rollout->train"), deaths))
     assert len(row["killed"]) == 3 and survived(row)
+
+
+@pytest.mark.parametrize("nth", [0, 5])
+def test_a_device_dying_inside_the_commit_leaves_the_others_committed(
+        campaign: Campaign, nth: int) -> None:
+    """Found live (chaos_live --hangs 0.5, builtin seed 61): a device joining training died
+    inside the resize's commit, a local swap on every member, after the others had swapped.
+    The executor rolled back all the same, and recovery restored the new group's shards into
+    the old group's trainers. The twin's commit was a collective failing on every member, and
+    its ranks did not check the layout their kept state was sharded for; both are as live now,
+    and a commit some members made counts as made (`ResizeExecutor._commit`)."""
+    row = campaign.run(Trial(7, Variant("static", 1, 0, "rollout->train"),
+                             (Death("commit_train_group", nth, 0.001, "caller"),)))
+    assert row["killed"] and survived(row)

@@ -161,10 +161,12 @@ class SimDevice:
         return {"bytes_sent": float(sent.get(self.index, 0.0))}
 
     async def commit_train_group(self, new_members: tuple[int, ...]) -> None:
-        """Switch to the prepared group (members) or stop training (others): `commit_s`."""
+        """Switch to the prepared group (members) or stop training (others): `commit_s`. A
+        local swap on each member, as live (no collective: a member dying meanwhile does not
+        fail the others' commit)."""
         if self.train_state.commit(new_members):
             self.role = Role.TRAIN
-        await self.process.spend(self.costs.resize.commit_s, collective=True)
+        await self.process.spend(self.costs.resize.commit_s)
 
     async def abort_reshard(self) -> None:
         """Discard the prepared layout; the old one stays in charge (free)."""

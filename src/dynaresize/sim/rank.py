@@ -129,6 +129,10 @@ class SimRank:
             return False
         if keep_train_state:
             self.expect(optimizer_step, "rebuild_world(keep_train_state)")
+            if self.members != key:  # live: the kept shards are rows of the old layout
+                raise RuntimeError(f"simulated device {self.index}: rebuild_world keeps the "
+                                   f"shards of group {self.members} for group {key} (a "
+                                   "layout the state was not sharded for)")
         self.members = key
         self.steps = optimizer_step if keep_train_state else 0
         return True
