@@ -46,10 +46,19 @@ def test_held_gradients_block_a_whole_step_and_a_rebuild_drops_them() -> None:
     rank.hold(0)
     with pytest.raises(ValueError, match="gradients of step 0 are held"):
         rank.start_step(0)
-    assert rank.rebuild((0,), optimizer_step=0, keep_train_state=True)
+    assert rank.rebuild((0, 1), optimizer_step=0, keep_train_state=True)  # nobody lost
     with pytest.raises(ValueError, match="dropped by a world rebuild"):
         rank.start_finish(0)
     rank.start_step(0)  # a rerun of the step as a whole is fine
+
+
+def test_kept_state_fits_only_the_group_it_was_sharded_for() -> None:
+    """Live, a kept shard is the rows of its rank in the old group: restoring it into another
+    group fails (a size mismatch) or, at the same size, puts rows on the wrong rank."""
+    rank = SimRank(0)
+    rank.join((0, 1, 2))
+    with pytest.raises(RuntimeError, match=r"shards of group \(0, 1, 2\) for group \(0, 1\)"):
+        rank.rebuild((0, 1), optimizer_step=0, keep_train_state=True)
 
 
 def test_a_rebuild_without_the_state_starts_over_and_drops_non_members() -> None:
