@@ -134,6 +134,17 @@ def test_a_failing_round_does_not_end_the_watch() -> None:
     assert calls["n"] > 2 and list(devices.killed) == [1]
 
 
+def test_a_silent_device_that_works_is_not_killed() -> None:
+    """No answer, but its process uses CPU (a long native call holding the GIL): not hung.
+    The same silence without CPU (a frozen process) is."""
+    devices = FakeDevices(2)
+    devices.frozen.update({0, 1})
+    dog = Watchdog(2.0, devices.ping, devices.poll, devices.watched, devices.kill,
+                   now=lambda: devices.now_s, start=False, working=lambda index: index == 0)
+    run_rounds(dog, devices, 10.0, 0.2)
+    assert list(devices.killed) == [1]
+
+
 def test_hang_watch_and_interval() -> None:
     watch = HangWatch(5.0)
     assert watch.overdue([0, 1], 100.0) == []         # first sight counts from now

@@ -21,6 +21,7 @@ from dynaresize.devices.actor import DeviceActor
 from dynaresize.devices.cluster import NodeInfo, dead_nodes, this_node
 from dynaresize.devices.network import base_env, is_loopback
 from dynaresize.devices.placement import device_bundle, place_devices
+from dynaresize.devices.procfs import cpu_ticks, process_alive, start_ticks
 from dynaresize.devices.ray_device import CONTROL_GROUP, ROLLOUT_GROUP, RayDevice
 from dynaresize.devices.settings import DeviceSettings
 from dynaresize.devices.watchdog import Watchdog
@@ -60,6 +61,8 @@ class DevicePool:
         self._started: dict[int, int] = {}
         """Device index -> its process's start time (clock ticks) on this machine: a pid
         another process took over is not the device's (`_local_alive`)."""
+        self._cpu_ticks: dict[int, int] = {}
+        """Device index -> its process's CPU time at the watchdog's last round (`_working`)."""
         self._watchdog: Watchdog | None = None
         self.actors = [self._start(i) for i in range(num_devices)]
         try:
@@ -105,14 +108,14 @@ class DevicePool:
     def _remember_starts(self, indices: Iterable[int]) -> None:
         for i in indices:
             if self._on_this_machine(i):
-                self._started[i] = _start_ticks(self.hosts[i].pid)
+                self._started[i] = start_ticks(self.hosts[i].pid)
 
     def _local_alive(self, index: int) -> bool:
         """This machine's device `index`: its process (the same one, not a reused pid) and
         its node's raylet are there and not zombies."""
         host = self.hosts[index]
-        return _process_alive(host.pid, self._started.get(index)) and \
-            _process_alive(host.parent_pid)
+        return process_alive(host.pid, self._started.get(index)) and \
+            process_alive(host.parent_pid)
 
     # ------------------------------------------------------------------ world
     def new_store(self) -> str:
@@ -168,8 +171,18 @@ class DevicePool:
             self._watchdog.stop()
             self._watchdog = None
         if hang_timeout_s > 0:
+            self._cpu_ticks = {}
             self._watchdog = Watchdog(hang_timeout_s, self._ping, _poll, self._watched,
-                                      self._kill_hung, dead=self._gone.add)
+                                      self._kill_hung, dead=self._gone.add,
+                                      working=self._working)
+
+    def _working(self, index: int) -> bool | None:
+        """Whether device `index`'s process (this machine) used CPU since the last call."""
+        if not self._on_this_machine(index):
+            return None
+        ticks, self._cpu_ticks[index] = self._cpu_ticks.get(index), \
+            cpu_ticks(self.hosts[index].pid)
+        return ticks is not None and self._cpu_ticks[index] > ticks
 
     def _ping(self, index: int) -> Any:
         return self._control(index, "ready").remote()
@@ -254,7 +267,7 @@ class DevicePool:
         self.actors = []
         self.placement.remove()
         deadline = time.monotonic() + wait_s
-        while any(_process_alive(pid) for pid in local) and time.monotonic() < deadline:
+        while any(process_alive(pid) for pid in local) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -271,27 +284,3 @@ def _poll(refs: list[Any]) -> dict[Any, bool]:
         except Exception:  # the actor died: recovery's to find, not the watchdog's
             done[ref] = False
     return done
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state first), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _start_ticks(pid: int) -> int:
-    """When process `pid` started (clock ticks after boot; stat field 22), -1 if gone."""
-    fields = _proc_stat(pid)
-    return int(fields[19]) if fields is not None and len(fields) > 19 else -1
-
-
-def _process_alive(pid: int, started: int | None = None) -> bool:
-    """Whether `pid` runs and is not a zombie; `started`: and is the process that started
-    then (not another one the pid was given to since)."""
-    fields = _proc_stat(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return False
-    return started is None or (len(fields) > 19 and int(fields[19]) == started)

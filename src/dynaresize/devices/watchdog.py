@@ -1,17 +1,19 @@
 """Hang detection: a device process that stops answering is killed, so recovery sees a death.
 
-A device whose process freezes (SIGSTOP, a host stall, a Python thread holding the GIL
-forever) neither answers nor dies: every driver call on it, and every collective its peers
-run with it, waits. The driver pings each device in the actors' control concurrency group
-(which answers while the device is busy in a rollout, a train step or a collective); a
-device that has answered no ping for `faults.hang_timeout_s` is killed (`DevicePool.kill`),
+A device whose process freezes (SIGSTOP, a host stall, blocked in the kernel) neither
+answers nor dies: every driver call on it, and every collective its peers run with it,
+waits. The driver pings each device in the actors' control concurrency group (which answers
+while the device is busy in a rollout, a train step or a collective); a device that has
+answered no ping for `faults.hang_timeout_s`, and (on this machine) used no CPU meanwhile,
+is killed (`DevicePool.kill`),
 and from then on it is a death like any other: its calls raise `ActorDiedError`, its
 peers' collectives fail at once (its sockets close), and `recovery.Recovery` fences it and
 goes on with the survivors.
 
 What it does not find: a device whose process answers pings while one of its ops never
 returns (a deadlocked collective is bounded by `faults.timeout_s` instead; a CUDA hang by
-torch's own watchdog, which ends the process).
+torch's own watchdog, which ends the process), or one spinning in native code on this
+machine (silent, but burning CPU like a long legitimate call holding the GIL).
 
 `HangWatch` is the pure decision (what answered when, who is overdue); `Watchdog` is the
 thread that sends the pings and kills.
@@ -67,15 +69,20 @@ class Watchdog:
     handles whose answer came, each with whether it is an answer (False: an error, the actor
     died); `watched()`: the indices to watch now (live, not already killed); `kill(index,
     silent_s)`: end a hung device; `dead(index)`: a ping failed, the device died by itself
-    (recovery finds that death; the caller stops watching it). One ping per device is in
-    flight at a time. `start=False`: no thread (tests call `tick`)."""
+    (recovery finds that death; the caller stops watching it); `working(index)`: whether the
+    device's process used CPU since the last round (a long native call holding the GIL delays
+    pings but burns CPU: counted as an answer; a frozen process burns none; None where it
+    cannot be told, another machine). One ping per device is in flight at a time.
+    `start=False`: no thread (tests call `tick`)."""
 
     def __init__(self, timeout_s: float, ping: Callable[[int], Any],
                  poll: Callable[[list[Any]], dict[Any, bool]],
                  watched: Callable[[], list[int]], kill: Callable[[int, float], None],
                  now: Callable[[], float] = time.monotonic, start: bool = True,
-                 dead: Callable[[int], None] = lambda index: None) -> None:
+                 dead: Callable[[int], None] = lambda index: None,
+                 working: Callable[[int], bool | None] = lambda index: None) -> None:
         self.watch = HangWatch(timeout_s)
+        self._working = working
         self._ping = ping
         self._poll = poll
         self._watched = watched
@@ -129,6 +136,9 @@ class Watchdog:
                 self._dead(index)
         still = set(self._watched())  # minus those just found dead
         watched = [i for i in watched if i in still]
+        for i in watched:
+            if self._working(i):
+                self.watch.answered(i, now_s)
         for i in watched:
             if i not in self._outstanding:
                 self._outstanding[i] = self._ping(i)
