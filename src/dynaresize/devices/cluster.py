@@ -66,9 +66,7 @@ def keep_loopback_addresses() -> None:
     from ray._private import ray_constants
 
     value = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "0").lower()
-    wanted = value in ("1", "true")  # Ray's own reading (`env_bool`)
-    if ray_constants.ENABLE_RAY_CLUSTER != wanted:
-        ray_constants.ENABLE_RAY_CLUSTER = wanted
+    ray_constants.ENABLE_RAY_CLUSTER = value in ("1", "true")  # Ray's reading (`env_bool`)
 
 
 @contextmanager

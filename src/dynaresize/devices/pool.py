@@ -221,7 +221,7 @@ class DevicePool:
         import ray
 
         try:
-            ray.get(self._control(index, "ready").remote(), timeout=PING_TIMEOUT_S)
+            ray.get(self._ping(index), timeout=PING_TIMEOUT_S)
         except Exception:  # RayActorError, GetTimeoutError: gone or unreachable
             return False
         return True

@@ -127,6 +127,7 @@ class Watchdog:
         self._last_round_s = now_s
         index_of = {id(ref): i for i, ref in self._outstanding.items()}
         done = self._poll(list(self._outstanding.values())) if index_of else {}
+        died: set[int] = set()
         for ref, ok in done.items():
             index = index_of[id(ref)]
             del self._outstanding[index]
@@ -134,8 +135,8 @@ class Watchdog:
                 self.watch.answered(index, now_s)
             else:
                 self._dead(index)
-        still = set(self._watched())  # minus those just found dead
-        watched = [i for i in watched if i in still]
+                died.add(index)
+        watched = [i for i in watched if i not in died]
         for i in watched:
             if self._working(i):
                 self.watch.answered(i, now_s)
