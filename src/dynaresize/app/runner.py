@@ -124,6 +124,19 @@ def _release(pool: Any, own_pool: bool, started_ray: bool) -> None:
             ray.shutdown()
 
 
+def _close(evaluator: Any, rundir: RunDir, pool: Any, own_pool: bool,
+           started_ray: bool) -> None:
+    """However a run ends: its evaluation worker and run directory closed, then (even if
+    those fail) `_release`."""
+    from dynaresize.evaluation.worker import stop_ray_evaluator
+
+    try:
+        stop_ray_evaluator(evaluator)
+        rundir.close()
+    finally:
+        _release(pool, own_pool, started_ray)
+
+
 def _checkpoints(cfg: Config, rundir: RunDir, resuming: bool) -> CheckpointTarget | None:
     """Where the run checkpoints (`run.checkpoint_every`, or a resumed run's directory), or
     None (no run directory, or neither)."""
@@ -208,7 +221,7 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
     trap, `app.chaos_live`)."""
     from dynaresize.app.metric_sinks import make_sinks
     from dynaresize.devices.settings import DeviceSettings
-    from dynaresize.evaluation.worker import start_ray_evaluator, stop_ray_evaluator
+    from dynaresize.evaluation.worker import start_ray_evaluator
     from dynaresize.orchestrator import Orchestrator
     from dynaresize.orchestrator.fault_injection import FaultInjector
     from dynaresize.tasks import make_task
@@ -269,8 +282,4 @@ def run_training(cfg: Config, out_dir: str | Path | None, *, address: str | None
         _write_final_model(cfg, orch.versions, rundir.path)
         return summary
     finally:
-        try:
-            stop_ray_evaluator(evaluator)
-            rundir.close()
-        finally:
-            _release(pool, own_pool, started_ray)
+        _close(evaluator, rundir, pool, own_pool, started_ray)
