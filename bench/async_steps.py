@@ -36,8 +36,8 @@ from tail_async import CASES, speculations  # noqa: E402
 
 START, END = "<!-- async-steps:start -->", "<!-- async-steps:end -->"
 LARGE_START, LARGE_END = "<!-- async-large:start -->", "<!-- async-large:end -->"
-POLICIES = ("hysteresis", "reference", "fully-async")
-LARGE_POLICIES = ("hysteresis", "fully-async")
+POLICIES = ("hysteresis", "reference", "fully-async", "fully-async-keep-kv")
+LARGE_POLICIES = ("hysteresis", "fully-async", "fully-async-keep-kv")
 LARGE_CASES = [("dapo-7b", 128, 8192), ("agentic", 128, 4096), ("dapo-7b", 256, 16384)]
 LARGE_SPECULATIONS = ("das", "spec_acceptance_vllm_t0.6")
 STALENESS = 2
@@ -56,13 +56,13 @@ def run_row(case: tuple[str, int, int], speculation: str, steps: int,
 
 
 def line(row: dict[str, Any]) -> str:
-    h, fa = row["hysteresis"], row["fully-async"]
+    h, fa, kept = row["hysteresis"], row["fully-async"], row["fully-async-keep-kv"]
     ref = row.get("reference")
     refs = "" if ref is None else f" {ref:.2f} |"
     ref_ratio = "" if ref is None else f" {ref / fa:.3f} |"
     return (f"| {row['workload']} ({row['requests']} req/step) | {row['gpus']} "
             f"| {row['speculation']} | {row['steps']} | {h:.2f} |{refs} {fa:.2f} "
-            f"| {h / fa:.3f} |{ref_ratio}")
+            f"| {h / fa:.3f} |{ref_ratio} {kept:.2f} | {h / kept:.3f} |")
 
 
 def render(rows: list[dict[str, Any]], wall_s: float, large: bool = False) -> str:
@@ -72,10 +72,14 @@ def render(rows: list[dict[str, Any]], wall_s: float, large: bool = False) -> st
             f"{time.strftime('%Y-%m-%d')} on {platform.machine()}, {wall_s:.0f} s wall on a "
             f"shared 2-core machine. Reproduce: `python bench/async_steps.py"
             f"{' --large' if large else ''}`. *`fully-async` "
-            f"changes the RL semantics (partial rollouts mix policy versions).")
+            f"changes the RL semantics (partial rollouts mix policy versions); its requests "
+            f"prefill their context again after each weight update, as AReaL's and slime's "
+            f"do; **KV kept: the same with the KV kept across updates, an upper bound on the "
+            f"competitor (docs/simulator.md).")
     ref_head, ref_ratio = ("", "") if large else (" reference |", " reference / fully-async |")
     header = (f"| workload | GPUs | speculation | steps | hysteresis |{ref_head} fully-async* "
-              f"| hyst / fully-async |{ref_ratio}")
+              f"| hyst / fully-async |{ref_ratio} fully-async, KV kept** "
+              f"| hyst / KV kept |")
     lines = [header, "|" + "---|" * (header.count("|") - 1), *(line(r) for r in rows)]
     summary = []
     for steps in sorted({r["steps"] for r in rows}):

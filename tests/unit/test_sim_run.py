@@ -71,7 +71,7 @@ def test_simulate_is_deterministic() -> None:
 def test_unknown_policy_names_the_allowed_ones() -> None:
     with pytest.raises(ValueError,
                        match="policy .nope.: allowed: static, colocated, reference, "
-                             "fully-async, oracle"):
+                             "fully-async, fully-async-keep-kv, oracle"):
         simulate("balanced", gpus=4, steps=1, requests_per_step=32, policies=("nope",))
 
 

@@ -14,13 +14,25 @@ virtual time, with the twin's engines (`make_engine`: the same cost model and sp
 - an engine runs until its next completion (at most `SLICE_S` at a time); when a version is
   published, each engine loads it at its next event (`weight_sync_s`, partial rollouts: its
   requests keep their tokens and go on), up to one completion span late;
+- at that load the engine's KV cache is dropped and every request it holds is queued again
+  with its tokens so far, so each re-prefills its whole context (prompt and response so far)
+  under the new weights when it is admitted again. That is what the competitors do: AReaL's
+  vLLM server aborts every running and waiting request and resets the prefix cache before a
+  weight update (`areal/thirdparty/vllm/areal_vllm_server.py`, "to prevent kv cache
+  pollution"), and its client resubmits each with `input_ids += output_tokens`
+  (`areal/core/remote_inf_engine.py`, `agenerate`); slime's fully-async example re-queues the
+  interrupted groups ("KV cache is recomputed on resume"). KV computed under the old weights
+  is not that of the new ones, so keeping it would change the tokens further still.
+  `keep_kv=True` (policy `fully-async-keep-kv`) keeps it instead: an upper bound on the
+  competitor, not a configuration it runs;
 - training step j starts when step j - 1's update is published and `prompts_per_step` groups
   (all samples of a prompt) have completed and not yet been trained, in completion order;
   it takes `train_step_s(tokens, T)` plus the publish latency.
 
 `run_fully_async` returns a `simulate` results row: samples/s over the run (from the start to
 the last publish), `mixed_version_share` (samples whose generation spanned a weight update),
-`max_lag` (most versions between a trained sample's first token and the trainer's version).
+`max_lag` (most versions between a trained sample's first token and the trainer's version),
+`reprefill_tokens` (tokens prefilled again after weight updates) and `kv_on_update`.
 The best split is searched (`search_fully_async`) on a grid like `static`'s.
 """
 
@@ -69,8 +81,10 @@ class _Trainer:
 
 
 def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
-                    staleness: int, seed: int, costs: CostModel) -> dict[str, Any]:
-    """One fully-async run at `num_rollout` engines (module doc); its results row."""
+                    staleness: int, seed: int, costs: CostModel, keep_kv: bool = False
+                    ) -> dict[str, Any]:
+    """One fully-async run at `num_rollout` engines (module doc); its results row.
+    `keep_kv`: requests keep their KV across a weight update (else they re-prefill it)."""
     lengths = Lengths(workload)
     engines = [make_engine(i, costs, lengths) for i in range(num_rollout)]
     trainer = _Trainer(workload, costs, gpus - num_rollout)
@@ -80,6 +94,7 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
     group_left: dict[tuple[int, int], int] = {}
     group_first: dict[tuple[int, int], int] = {}
     mixed = [0, 0]
+    reprefill = [0]
     issue = _Issuer(workload, staleness, steps)
     clock: list[tuple[float, int]] = [(0.0, e) for e in range(num_rollout)]
     sync_s = costs.weight_sync_s()
@@ -101,6 +116,8 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
         now_s, e = heapq.heappop(clock)
         if engine_version[e] < trainer.version:
             engine_version[e] = trainer.version
+            if not keep_kv:
+                reprefill[0] += _drop_kv(engines[e], workload)
             heapq.heappush(clock, (now_s + sync_s, e))
             continue
         new = issue.take(trainer.version, limit - in_flight[e])
@@ -130,8 +147,22 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
                 del group_left[key]
         trainer.maybe_start(t_s)
         heapq.heappush(clock, (t_s, e))
-    return _row(workload, gpus, num_rollout, steps, staleness, trainer, mixed,
-                getattr(engines[0], "table", None))
+    row = _row(workload, gpus, num_rollout, steps, staleness, trainer, mixed,
+               getattr(engines[0], "table", None))
+    row.update(kv_on_update="keep" if keep_kv else "recompute", reprefill_tokens=reprefill[0])
+    return row
+
+
+def _drop_kv(engine: Any, workload: Workload) -> int:
+    """Queue every request of `engine` again with its tokens so far (its KV dropped: each
+    re-prefills its context when admitted); the context tokens to prefill again (of the
+    requests that had generated: a queued one never had KV)."""
+    held = engine.export()
+    if not held:
+        return 0
+    engine.submit(held)
+    return sum(r.num_generated + workload.prompt_tokens(r.spec.step, r.spec.prompt)
+               for r in held if r.num_generated)
 
 
 def _row(workload: Workload, gpus: int, num_rollout: int, steps: int, staleness: int,
@@ -185,7 +216,7 @@ class _Issuer:
 
 
 def search_fully_async(workload: Workload, gpus: int, steps: int, staleness: int, seed: int,
-                       costs: CostModel) -> tuple[int, int]:
+                       costs: CostModel, keep_kv: bool = False) -> tuple[int, int]:
     """The best split for fully-async: every N/8-th split, then halving steps around the
     best down to max(1, N/64) (each split simulated once). (best R, splits simulated)."""
     scores: dict[int, float] = {}
@@ -193,7 +224,7 @@ def search_fully_async(workload: Workload, gpus: int, steps: int, staleness: int
     def score(r: int) -> float:
         if r not in scores:
             scores[r] = -run_fully_async(workload, gpus, r, steps, staleness, seed,
-                                         costs)["samples_per_s"]
+                                         costs, keep_kv)["samples_per_s"]
         return scores[r]
 
     h = max(1, gpus // 8)

@@ -16,6 +16,8 @@ Policies (`simulate(policies=...)`):
 - `fully-async`: `fully_async.py`, verl's / AReaL's fully-async mode at the run's staleness
   bound (partial rollouts across weight updates, groups trained in completion order): it
   **changes the semantics**, the competitor to report against; its split searched on a grid.
+  Its requests re-prefill their context after each weight update, as AReaL's and slime's do;
+  `fully-async-keep-kv` keeps the KV instead (an upper bound on the competitor).
 - any other policy of the registry (`dynaresize.control.registry`: `borrow`, `fixed`, `hysteresis`):
   the orchestrator with that controller, starting from the best static split (searched once,
   shared with `static`).
@@ -53,8 +55,9 @@ from dynaresize.sim.results_row import results_row
 from dynaresize.sim.speculation import Speculation, resolve_speculation
 from dynaresize.sim.workloads import Workload
 
-BUILTIN_POLICIES = ("static", "colocated", "reference", "fully-async", "oracle")
-NOT_ORCHESTRATOR = ("colocated", "fully-async", "oracle")
+BUILTIN_POLICIES = ("static", "colocated", "reference", "fully-async", "fully-async-keep-kv",
+                    "oracle")
+NOT_ORCHESTRATOR = ("colocated", "fully-async", "fully-async-keep-kv", "oracle")
 """Policies that do not run the orchestrator (no device deaths, no checkpoints)."""
 
 FULLY_ASYNC_PROBE_STEPS = 8
@@ -149,7 +152,8 @@ def _check_shape(gpus: int, steps: int, split: int | None, staleness: int) -> No
         raise ValueError(f"staleness = {staleness}: allowed 0 (on-policy) .. {MAX_STALENESS}")
 
 
-POLICY_COST = {"reference": 4.0, "hysteresis": 3.0, "fully-async": 3.0, "borrow": 2.0,
+POLICY_COST = {"reference": 4.0, "hysteresis": 3.0, "fully-async": 3.0,
+               "fully-async-keep-kv": 3.0, "borrow": 2.0,
                "static": 1.5, "colocated": 1.5, "oracle": 0.0}
 """Rough relative cost of a policy's run (which to start first when they run side by side)."""
 
@@ -183,11 +187,12 @@ class _PolicyTask:
             row = results_row("colocated", run, {"rollout": gpus, "train": gpus})
             row["staleness"] = 0
             return row
-        if policy == "fully-async":  # changes the semantics: a competitor's row
+        if policy.startswith("fully-async"):  # changes the semantics: a competitor's row
+            keep = policy == "fully-async-keep-kv"
             fa = (self.split, 0) if self.split is not None else search_fully_async(
-                wl, gpus, min(steps, FULLY_ASYNC_PROBE_STEPS), staleness, seed, costs)
-            row = run_fully_async(wl, gpus, fa[0], steps, staleness, seed, costs)
-            row["num_splits_tried"] = fa[1]
+                wl, gpus, min(steps, FULLY_ASYNC_PROBE_STEPS), staleness, seed, costs, keep)
+            row = run_fully_async(wl, gpus, fa[0], steps, staleness, seed, costs, keep)
+            row.update(policy=policy, num_splits_tried=fa[1])
             return row
         if policy == "reference":
             ref = self.searches["fixed"]
