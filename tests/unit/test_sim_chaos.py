@@ -139,3 +139,29 @@ def test_a_device_dying_inside_the_commit_leaves_the_others_committed(
     row = campaign.run(Trial(7, Variant("static", 1, 0, "rollout->train"),
                              (Death("commit_train_group", nth, 0.001, "caller"),)))
     assert row["killed"] and survived(row)
+
+
+def test_hangs_are_drawn_from_their_own_stream() -> None:
+    """`hangs` turns deaths into freezes without changing what else a trial draws, so a
+    campaign without hangs is the same campaign as before."""
+    counts = {p: 100 for p in PHASES}
+    for seed in range(40):
+        plain = draw_trial(seed, lambda v: counts)
+        assert all(d.how == "kill" for d in plain.deaths)
+        assert draw_trial(seed, lambda v: counts, 0.0) == plain
+        frozen = draw_trial(seed, lambda v: counts, 1.0)
+        assert frozen.variant == plain.variant
+        assert [d.how for d in frozen.deaths] == ["hang"] * len(plain.deaths)
+        assert [(d.phase, d.nth, d.victim) for d in frozen.deaths] == \
+            [(d.phase, d.nth, d.victim) for d in plain.deaths]
+
+
+@pytest.mark.parametrize("phase,nth", [("train_step", TRAINERS + 5), ("reshard", 3),
+                                       ("run_rollout", 40), ("publish_weights", 7)])
+def test_a_frozen_device_is_found_and_the_run_survives(phase: str, nth: int) -> None:
+    """A freeze in a collective (train step, reshard, publish) or a rollout: the device and
+    its group wait, the watchdog's bound later it is killed, recovery keeps every record."""
+    campaign = Campaign(hangs=1.0)
+    variant = Variant("static", 1, 0, "rollout->train" if phase == "reshard" else "")
+    row = campaign.run(Trial(4, variant, (Death(phase, nth, 0.01, "caller", how="hang"),)))
+    assert row["killed"] and survived(row)

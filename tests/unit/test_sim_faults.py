@@ -155,3 +155,26 @@ def test_trainer_dies_inside_a_checkpoint_save(tmp_path: Path, monkeypatch: pyte
     assert sim.summary["num_faults"] == 1
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == list(range(STEPS))
     assert sample_view(out) == reference
+
+
+@pytest.mark.parametrize("at,victim", [("rollout:0.3", 5), ("train", 1000)])
+def test_a_hung_device_is_killed_after_the_watchdog_bound(reference: dict, tmp_path: Path,
+                                                           at: str, victim: int) -> None:
+    """`how = "hang"` freezes the device: nothing it runs finishes and its training group's
+    collectives wait for it, until `faults.hang_timeout_s` later the watchdog's kill turns it
+    into an ordinary death. The records are the fault-free run's; the run is later than with
+    a plain kill by most of the bound (the rollout, or the whole training group, waited)."""
+    killed = tmp_path / "kill"
+    run(killed, config({"device": victim, "step": 1, "at": at}))
+    cfg = config({"device": victim, "step": 1, "at": at, "how": "hang"})
+    cfg.faults.hang_timeout_s = 20.0
+    hung = tmp_path / "hang"
+    _, fault = run(hung, cfg)
+    assert sample_view(hung) == reference
+    assert fault["device"] == victim
+    assert fault["cause"] == "hung: answered no ping for 20.0 s, killed"
+
+    def total_s(out: Path) -> float:
+        return sum(m["step_s"] for m in read_jsonl(out / "metrics.jsonl"))
+
+    assert 10.0 < total_s(hung) - total_s(killed) <= 20.0 + 1e-6

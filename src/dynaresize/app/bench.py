@@ -132,14 +132,17 @@ def cmd_bench_chaos(args: argparse.Namespace) -> int:
         raise UsageError(f"--trials {args.trials}: must be >= 1")
     if args.first_seed < 0:
         raise UsageError(f"--first-seed {args.first_seed}: must be >= 0")
+    if not 0.0 <= args.hangs <= 1.0:
+        raise UsageError(f"--hangs {args.hangs}: must be in 0..1 (a death's chance of being "
+                         "a freeze)")
     from dynaresize.sim.chaos_campaign import Campaign, markdown
 
-    campaign, rows, cpu0 = Campaign(), [], time.process_time()
+    campaign, rows, cpu0 = Campaign(args.hangs), [], time.process_time()
     for seed in range(args.first_seed, args.first_seed + args.trials):
         rows.append(campaign.trial(seed))
         if not rows[-1]["survived"]:
             print(f"trial {seed} failed: {rows[-1].get('error', rows[-1])}", file=sys.stderr)
-    print(markdown(rows, time.process_time() - cpu0))
+    print(markdown(rows, time.process_time() - cpu0, args.hangs))
     return 0 if all(r["survived"] for r in rows) else 1
 
 
@@ -184,4 +187,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "docs/results.md)")
     chaos.add_argument("--trials", type=int, default=300, help="trials (default 300)")
     chaos.add_argument("--first-seed", type=int, default=0, help="seed of the first trial")
+    chaos.add_argument("--hangs", type=float, default=0.0, metavar="P",
+                       help="each death a freeze (found by the watchdog's bound, "
+                       "faults.hang_timeout_s) with probability P, 0..1 (default 0)")
     chaos.set_defaults(func=cmd_bench_chaos)

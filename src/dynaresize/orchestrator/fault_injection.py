@@ -17,7 +17,8 @@ how = "kill"        # SIGKILL | "hang": SIGSTOP, found by the watchdog (faults.h
 
 The injector only decides *when*; `kill(device)` is the backend's (`DevicePool.kill`: SIGKILL
 of the actor's process; the twin's `sim.faults.SimProcesses.kill`: a simulated death, in
-virtual time), and so is `hang(device)` (`DevicePool.hang`: SIGSTOP; the twin has none).
+virtual time), and so is `hang(device)` (`DevicePool.hang`: SIGSTOP; the twin's
+`SimProcesses.hang`: a frozen simulated process, killed `faults.hang_timeout_s` later).
 Recovery is `recovery.Recovery`'s job. Each entry fires once.
 """
 
@@ -53,7 +54,8 @@ class FaultInjector:
         for i, e in enumerate(entries):
             if e.how == "hang" and hang is None:
                 raise ConfigError(f"faults.kill[{i}].how", e.how,
-                                  "'kill' only here: hangs are injected on the Ray backend")
+                                  "'kill' only here: this backend cannot freeze a device "
+                                  "(the Ray backend and the twin can)")
         self._pending = list(entries)
         self._kill = kill
         self._hang = hang

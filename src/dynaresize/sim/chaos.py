@@ -8,6 +8,9 @@ and *who* (the calling device, or a random live rollout or training device). A l
 be armed by an earlier one (it counts calls only after that one fired): two deaths in one
 recovery, or a death inside the world rebuild (`recovery`). The kill itself is
 `SimProcesses.kill`, as `[[faults.kill]]` uses; the orchestrator's recovery does the rest.
+With `hangs` = P, each death is a freeze with probability P instead (`SimProcesses.hang`:
+nothing it runs finishes, its group's collectives wait, killed `Trap.hang_s` later, as the
+live watchdog does), drawn from its own stream so that P = 0 draws the same trials.
 
 `audit` checks a finished trial against the fault-free run of the same variant (the same
 seed): every expected sample recorded once, with its version and length; every step's metric
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,8 @@ class Death:
     """'caller' | 'rollout' | 'train'."""
     after: int | None = None
     """Index of the death that arms this one (None: armed from the start)."""
+    how: str = "kill"
+    """'kill' | 'hang' (a freeze, killed `Trap.hang_s` later)."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +90,9 @@ def draw_variant(rng: np.random.Generator, phase: str) -> Variant:
     return Variant(policy, int(rng.integers(0, 3)), every, resize)  # staleness 0, 1 or 2
 
 
-def draw_trial(seed: int, calls: Any) -> Trial:
-    """Trial `seed`: `calls(variant)` gives the fault-free run's call count per phase."""
+def draw_trial(seed: int, calls: Any, hangs: float = 0.0) -> Trial:
+    """Trial `seed`: `calls(variant)` gives the fault-free run's call count per phase; each
+    death a hang with probability `hangs` (module docstring)."""
     rng = np.random.default_rng([27, seed])
     phase = str(rng.choice(FIRST_PHASES))
     variant = draw_variant(rng, phase)
@@ -108,6 +114,9 @@ def draw_trial(seed: int, calls: Any) -> Trial:
             p = str(rng.choice(later))
             deaths.append(Death(p, int(rng.integers(0, counts[p])),
                                 float(rng.uniform(0.0, 2.0)), str(rng.choice(VICTIMS))))
+    if hangs:
+        hang_rng = np.random.default_rng([28, seed])
+        deaths = [replace(d, how="hang") if hang_rng.random() < hangs else d for d in deaths]
     return Trial(seed, variant, tuple(deaths))
 
 
@@ -118,6 +127,8 @@ class Trap:
 
     deaths: tuple[Death, ...]
     seed: int = 0
+    hang_s: float = 30.0
+    """A hung device is killed this long after it froze (`faults.hang_timeout_s`)."""
     calls: dict[str, int] = field(default_factory=dict)
     fired: list[int | None] = field(default_factory=list)
     """Per death: the device it killed (None: not fired; -1: no device to kill)."""
@@ -156,7 +167,10 @@ class Trap:
             if self._counts[i] == death.nth + 1:
                 victim = self._victim(death.victim, caller)
                 self.fired[i] = -1 if victim is None else victim.index
-                if victim is not None:
+                if victim is not None and death.how == "hang":
+                    asyncio.get_running_loop().call_later(
+                        death.delay_s, self._processes.hang, victim.index, self.hang_s)
+                elif victim is not None:
                     asyncio.get_running_loop().call_later(
                         death.delay_s, self._processes.kill, victim.index)
 

@@ -38,8 +38,10 @@ def variant_config(v: Variant) -> Config:
 class Campaign:
     """Trials with their fault-free references (one per variant, run once and kept)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hangs: float = 0.0) -> None:
         self._refs: dict[Variant, tuple[dict[Any, Any], dict[str, int]]] = {}
+        self.hangs = hangs
+        """Each death a freeze with this probability (`sim.chaos`)."""
 
     def reference(self, v: Variant) -> tuple[dict[Any, Any], dict[str, int]]:
         if v not in self._refs:
@@ -51,13 +53,13 @@ class Campaign:
         return self._refs[v]
 
     def trial(self, seed: int) -> dict[str, Any]:
-        return self.run(draw_trial(seed, lambda v: self.reference(v)[1]))
+        return self.run(draw_trial(seed, lambda v: self.reference(v)[1], self.hangs))
 
     def run(self, trial: Trial) -> dict[str, Any]:
         """One trial: its row (module `sim.chaos` for the checks)."""
         v = trial.variant
         reference, _ = self.reference(v)
-        trap = Trap(trial.deaths, trial.seed)
+        trap = Trap(trial.deaths, trial.seed, variant_config(v).faults.hang_timeout_s)
         row: dict[str, Any] = {"seed": trial.seed, **asdict(v),
                                "deaths": [asdict(d) for d in trial.deaths]}
         t0 = time.perf_counter()
@@ -106,7 +108,7 @@ COLS = ["trials", "deaths", "survived", "failed", "lost", "duplicated", "wrong_v
         "recovery_s_max", "replayed_steps"]
 
 
-def markdown(rows: list[dict[str, Any]], cpu_s: float) -> str:
+def markdown(rows: list[dict[str, Any]], cpu_s: float, hangs: float = 0.0) -> str:
     """The campaign's table: by the first death's phase, by the number of deaths, all."""
     lines = ["| first death in | " + " | ".join(COLS) + " |", "|---" * (len(COLS) + 1) + "|"]
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -121,10 +123,14 @@ def markdown(rows: list[dict[str, Any]], cpu_s: float) -> str:
     overlap = sum(any(d["after"] is not None for d in r["deaths"]) for r in rows)
     by_s = ", ".join(f"{sum(r['staleness'] == s for r in rows)} at staleness {s}"
                      for s in sorted({r["staleness"] for r in rows}))
+    frozen = sum(d.get("how") == "hang" for r in rows for d in r["deaths"])
+    flag = f" --hangs {hangs:g}" if hangs else ""
+    how = (f"; each death a freeze with probability {hangs:g} ({frozen} drawn), killed "
+           f"`faults.hang_timeout_s` later as the live watchdog does") if hangs else ""
     return "\n".join([
-        f"`python bench/chaos.py --trials {len(rows)}` (1024 simulated GPUs, 896 rollout / "
-        f"128 train, 4 steps; trials {by_s}; {cpu_s:.0f} s of CPU on one core, shared "
-        "machine).",
+        f"`python bench/chaos.py --trials {len(rows)}{flag}` (1024 simulated GPUs, 896 "
+        f"rollout / 128 train, 4 steps; trials {by_s}{how}; {cpu_s:.0f} s of CPU on one core, "
+        "shared machine).",
         "", *lines, "",
         f"{overlap} trials had a death inside the recovery of another. `lost`/`duplicated`/"
         "`wrong_version`/`changed`: samples missing, recorded twice, with another version or "
@@ -133,12 +139,15 @@ def markdown(rows: list[dict[str, Any]], cpu_s: float) -> str:
         "per trial (world rebuild + restore + replay), over trials with a recovery."])
 
 
-def write_block(path: Path, block: str) -> None:
-    """Put `block` between the twin-chaos markers of `path` (appended if none)."""
+def write_block(path: Path, block: str, hangs: float = 0.0) -> None:
+    """Put `block` between the twin-chaos markers of `path` (appended if none); with
+    `hangs`, the twin-chaos-hangs ones."""
+    start, end = (START, END) if not hangs else (
+        START.replace("chaos:", "chaos-hangs:"), END.replace("chaos:", "chaos-hangs:"))
     text = path.read_text()
-    if START in text:
-        head, rest = text.split(START, 1)
-        text = head + START + "\n" + block + "\n" + END + rest.split(END, 1)[1]
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1]
     else:
-        text += f"\n{START}\n{block}\n{END}\n"
+        text += f"\n{start}\n{block}\n{end}\n"
     path.write_text(text)

@@ -220,7 +220,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "and run.checkpoint_every from this config (as `dynaresize train` does; "
                      "other sections ignored); with faults, the orchestrator's policies run")
     sim.add_argument("--set", action="append", metavar="KEY=VALUE",
-                     help="set faults.kill, faults.timeout_s or run.checkpoint_every, e.g. "
+                     help="set faults.kill, faults.timeout_s, faults.hang_timeout_s or "
+                     "run.checkpoint_every, e.g. "
                      "--set \"faults.kill=[{device=900, step=1, at='train'}]\" (repeatable)")
     sim.add_argument("--speculation", metavar="off|das|FILE.json", help="speculative "
                      "decoding for every policy alike: off (default), das (DAS-sized preset) "

@@ -19,7 +19,7 @@ from dynaresize.cli import UsageError
 __all__ = ["TWIN_KEYS", "check_run_dir", "twin_faults", "twin_speculation"]
 
 
-TWIN_KEYS = {"faults": ("kill", "timeout_s"), "run": ("checkpoint_every",)}
+TWIN_KEYS = {"faults": ("kill", "timeout_s", "hang_timeout_s"), "run": ("checkpoint_every",)}
 """The config keys `simulate --config/--set` takes (the flags describe the rest of the run)."""
 
 
@@ -61,7 +61,8 @@ def twin_faults(path: str | None, sets: list[str], gpus: int, steps: int) -> Any
     data["run"] = {**data.get("run", {}), "steps": steps}
     data["allocation"] = {"num_rollout_devices": 1, "num_train_devices": gpus - 1}
     cfg = config_from_dict(data)  # the same parsing and checks as `dynaresize train`
-    return TwinFaults(tuple(cfg.faults.kill), cfg.run.checkpoint_every) or None
+    return TwinFaults(tuple(cfg.faults.kill), cfg.run.checkpoint_every,
+                      cfg.faults.hang_timeout_s) or None
 
 
 def check_run_dir(run_dir: str, what: str) -> None:

@@ -13,6 +13,12 @@ What a death does, as it does to a Ray actor killed with SIGKILL:
   training group fails on every surviving member too, with `CollectiveFailed` (gloo: "connection
   closed by peer"); survivors stay alive, so recovery fences only the dead device.
 
+A hang (`hang(index, after_s)`, `[[faults.kill]] how = "hang"`) freezes the device's process
+(`SimProcess.freeze`): nothing it runs finishes, and its training group's collectives wait
+for it, as a SIGSTOPped actor's gloo peers do. `after_s` later (`faults.hang_timeout_s`: the
+live watchdog's silence bound) it is killed as above, with `cause` "hung: ...", and recovery
+takes over.
+
 `SimStorage` is the twin's shared file system for checkpoints: a training group's
 `save_checkpoint(path)` records how many optimizer steps the saved state holds, and
 `load_checkpoint(path, k)` fails if nothing was saved there or the state is not step k.
@@ -40,6 +46,9 @@ class SimProcesses:
         """index -> SimDevice, filled by `make_devices`."""
         self.killed: list[int] = []
         self._num_stores = 0
+        self._causes: dict[int, str] = {}
+        self._holds: dict[int, tuple[int, ...]] = {}
+        """A frozen device -> the peers whose collectives wait for it."""
 
     def add(self, device: Any) -> None:
         self.devices[device.index] = device
@@ -52,6 +61,11 @@ class SimProcesses:
         self.killed.append(index)
         group = device.train_members
         device.process.die(DeviceDied(f"simulated device {index} died (killed)"))
+        for peer in self._holds.pop(index, ()):
+            self.devices[peer].process.hold_collectives(index, False)
+            if peer not in group:  # a peer of the group it froze in
+                self.devices[peer].process.fail_collectives(CollectiveFailed(
+                    f"simulated device {peer}: a collective lost hung device {index}"))
         for peer in group:
             if peer != index:
                 self.devices[peer].process.fail_collectives(CollectiveFailed(
@@ -61,9 +75,23 @@ class SimProcesses:
     def is_alive(self, index: int) -> bool:
         return self.devices[index].alive
 
+    def hang(self, index: int, after_s: float) -> None:
+        """Freeze device `index` now; kill it `after_s` virtual seconds later (the watchdog).
+        Call from inside the run's event loop."""
+        device = self.devices[index]
+        if not device.alive or device.process.frozen:
+            return
+        device.process.freeze()
+        peers = tuple(p for p in device.train_members if p != index)
+        self._holds[index] = peers
+        for peer in peers:
+            self.devices[peer].process.hold_collectives(index)
+        self._causes[index] = f"hung: answered no ping for {after_s:.1f} s, killed"
+        asyncio.get_running_loop().call_later(after_s, self.kill, index)
+
     def cause(self, index: int) -> str | None:
-        """Nothing beyond "the process is gone": the twin injects deaths only."""
-        return None
+        """Why device `index` died beyond "the process is gone": a hang's, else None."""
+        return self._causes.get(index)
 
     def new_store(self) -> str:
         """A fresh rendezvous name for a rebuilt world (nothing is created)."""

@@ -106,6 +106,8 @@ class TwinFaults:
 
     kill: tuple[KillEntry, ...] = ()
     checkpoint_every: int = 0
+    hang_timeout_s: float | None = None
+    """`faults.hang_timeout_s` (None: the config's default): a hang's watchdog bound."""
 
     def __bool__(self) -> bool:
         return bool(self.kill or self.checkpoint_every)
@@ -135,6 +137,8 @@ def sim_config(workload: Workload, num_rollout: int, num_train: int, steps: int,
     if faults:
         cfg.faults.kill = [replace(e) for e in faults.kill]
         cfg.run.checkpoint_every = faults.checkpoint_every
+        if faults.hang_timeout_s is not None:
+            cfg.faults.hang_timeout_s = faults.hang_timeout_s
     validate(cfg, check_machine=False)
     return cfg
 
@@ -220,7 +224,9 @@ def run_config(cfg: Config, workload: Workload, costs: CostModel,
             checkpoints = CheckpointTarget(ckpt_dir, cfg.run.checkpoint_every, SimWeightIO())
         # What `runner.run_training` does for Ray devices, with the twin's process table.
         recover = bool(cfg.faults.kill) or checkpoints is not None or chaos is not None
-        injector = FaultInjector(cfg.faults.kill, processes.kill, clock.now) if recover else None
+        hang_s = cfg.faults.hang_timeout_s
+        injector = FaultInjector(cfg.faults.kill, processes.kill, clock.now,
+                                 lambda i: processes.hang(i, hang_s)) if recover else None
 
         try:
             orch = Orchestrator(cfg, devices, clock, SimPromptSource(workload), rundir,

@@ -6,10 +6,18 @@ Every op of a `SimDevice` that takes time waits `spend(seconds)` on the run's cl
 dead Ray actor's calls raise (`DeviceDied`); a collective's wait (`spend(..., collective=True)`:
 train step, publish, reshard, checkpoint...) also fails when a peer of its training group dies
 (`fail_collectives`, `CollectiveFailed`), the device itself staying alive (`sim.faults`).
+
+A frozen process (`freeze`, a hang: SIGSTOP live) finishes nothing: each op's wait, when its
+time is up, and every later op that charges time, waits on a gate that only its death fails.
+A peer of a frozen device (`hold_collectives`) does the same with its collectives (a
+collective with a frozen member never completes); its other ops go on. Ops that charge no
+time still answer (live, every call of a frozen actor blocks): the twin's stand-in is coarse
+there.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from dynaresize.protocols import Clock
@@ -32,6 +40,21 @@ class SimProcess:
         """Pending virtual-time waits of this device's ops: a kill fails them."""
         self._collective_waits: set[Any] = set()
         """Those of collective ops: a peer's death fails them too (`sim.faults`)."""
+        self.frozen = False
+        """Hung (`freeze`): nothing it runs finishes until it is killed."""
+        self._held_by: set[int] = set()
+        """Frozen peers its collectives wait for (`hold_collectives`)."""
+
+    def freeze(self) -> None:
+        """The process hangs (module docstring); `SimProcesses.hang` kills it later."""
+        self.frozen = True
+
+    def hold_collectives(self, peer: int, held: bool = True) -> None:
+        """Peer `peer` of its training group froze (or, `held=False`, is gone)."""
+        if held:
+            self._held_by.add(peer)
+        else:
+            self._held_by.discard(peer)
 
     def die(self, exc: BaseException) -> None:
         """The process is gone: pending and later calls raise `exc` (`SimProcesses.kill`)."""
@@ -62,3 +85,15 @@ class SimProcess:
             waits.discard(wait)
         if not self.alive:
             raise self._death
+        if self.frozen or (collective and self._held_by):
+            await self._gate(waits)
+
+    @staticmethod
+    async def _gate(waits: set[Any]) -> None:
+        """Wait until a death fails this op (a frozen process, or a collective of one)."""
+        gate = asyncio.get_running_loop().create_future()
+        waits.add(gate)
+        try:
+            await gate
+        finally:
+            waits.discard(gate)
