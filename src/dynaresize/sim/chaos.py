@@ -175,12 +175,13 @@ class Trap:
                         death.delay_s, self._processes.kill, victim.index)
 
     def _victim(self, who: str, caller: Any) -> Any:
-        if who == "caller" and caller.alive:
+        if who == "caller" and caller.alive and not self._processes.is_frozen(caller.index):
             return caller
         role = Role.ROLLOUT if who == "rollout" else Role.TRAIN
         if who == "caller":
             role = caller.role
-        pool = [d for d in self._devices if d.alive and d.role == role]
+        frozen = self._processes.is_frozen
+        pool = [d for d in self._devices if d.alive and not frozen(d.index) and d.role == role]
         if len(pool) <= 2:  # each pool keeps a device (as config refuses more kills)
             return None
         return pool[int(self._rng.integers(0, len(pool)))]

@@ -156,6 +156,10 @@ class SimEngine:
                 break
         return done, elapsed_s
 
+    def kv_held_tokens(self) -> int:
+        """Context tokens whose KV the engine holds now (its running requests')."""
+        return int(self._kv_tokens)
+
     def export(self) -> list[InflightRequest]:
         """Remove every queued and running request, with the tokens generated so far."""
         out: list[InflightRequest] = []

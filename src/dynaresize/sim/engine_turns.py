@@ -187,6 +187,12 @@ class MultiTurnEngine(SimEngine):
             self._own_s += elapsed_s
         return done, elapsed_s
 
+    def kv_held_tokens(self) -> int:
+        """Context tokens whose KV the engine holds: running turns', and the prefix kept for
+        queued and parked episodes (`keep_kv`)."""
+        kept = sum(r.cached_tokens for r in self._waiting)  # type: ignore[attr-defined]
+        return int(self._kv_tokens) + kept + sum(r.cached_tokens for _, _, r in self._parked)
+
     def export(self) -> list[InflightRequest]:
         """Every episode: running and queued turns with their prefix, parked ones with the
         tool time left."""

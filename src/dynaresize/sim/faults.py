@@ -14,10 +14,10 @@ What a death does, as it does to a Ray actor killed with SIGKILL:
   closed by peer"); survivors stay alive, so recovery fences only the dead device.
 
 A hang (`hang(index, after_s)`, `[[faults.kill]] how = "hang"`) freezes the device's process
-(`SimProcess.freeze`): nothing it runs finishes, and its training group's collectives wait
-for it, as a SIGSTOPped actor's gloo peers do. `after_s` later (`faults.hang_timeout_s`: the
-live watchdog's silence bound) it is killed as above, with `cause` "hung: ...", and recovery
-takes over.
+(`SimProcess.freeze`): nothing it runs finishes, and its training group's collectives (the
+group it was in when it froze) wait for it, as a SIGSTOPped actor's gloo peers do. `after_s`
+later (`faults.hang_timeout_s`: the live watchdog's silence bound) it is killed as above,
+with `cause` "hung: ...", and recovery takes over (unless another death took it first).
 
 `SimStorage` is the twin's shared file system for checkpoints: a training group's
 `save_checkpoint(path)` records how many optimizer steps the saved state holds, and
@@ -75,6 +75,11 @@ class SimProcesses:
     def is_alive(self, index: int) -> bool:
         return self.devices[index].alive
 
+    def is_frozen(self, index: int) -> bool:
+        """Hung (`hang`) and not yet killed."""
+        device = self.devices[index]
+        return device.alive and device.process.frozen
+
     def hang(self, index: int, after_s: float) -> None:
         """Freeze device `index` now; kill it `after_s` virtual seconds later (the watchdog).
         Call from inside the run's event loop."""
@@ -86,8 +91,13 @@ class SimProcesses:
         self._holds[index] = peers
         for peer in peers:
             self.devices[peer].process.hold_collectives(index)
-        self._causes[index] = f"hung: answered no ping for {after_s:.1f} s, killed"
-        asyncio.get_running_loop().call_later(after_s, self.kill, index)
+        asyncio.get_running_loop().call_later(after_s, self._watchdog_kill, index, after_s)
+
+    def _watchdog_kill(self, index: int, after_s: float) -> None:
+        """The watchdog's kill of a hung device (unless another death took it first)."""
+        if self.devices[index].alive:
+            self._causes[index] = f"hung: answered no ping for {after_s:.1f} s, killed"
+            self.kill(index)
 
     def cause(self, index: int) -> str | None:
         """Why device `index` died beyond "the process is gone": a hang's, else None."""

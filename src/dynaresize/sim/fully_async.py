@@ -117,7 +117,7 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
         if engine_version[e] < trainer.version:
             engine_version[e] = trainer.version
             if not keep_kv:
-                reprefill[0] += _drop_kv(engines[e], workload)
+                reprefill[0] += _drop_kv(engines[e])
             heapq.heappush(clock, (now_s + sync_s, e))
             continue
         new = issue.take(trainer.version, limit - in_flight[e])
@@ -153,16 +153,14 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
     return row
 
 
-def _drop_kv(engine: Any, workload: Workload) -> int:
+def _drop_kv(engine: Any) -> int:
     """Queue every request of `engine` again with its tokens so far (its KV dropped: each
-    re-prefills its context when admitted); the context tokens to prefill again (of the
-    requests that had generated: a queued one never had KV)."""
+    re-prefills its context when admitted); the context tokens whose KV was dropped."""
+    held_tokens = engine.kv_held_tokens()
     held = engine.export()
-    if not held:
-        return 0
-    engine.submit(held)
-    return sum(r.num_generated + workload.prompt_tokens(r.spec.step, r.spec.prompt)
-               for r in held if r.num_generated)
+    if held:
+        engine.submit(held)
+    return held_tokens
 
 
 def _row(workload: Workload, gpus: int, num_rollout: int, steps: int, staleness: int,

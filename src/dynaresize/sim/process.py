@@ -10,7 +10,9 @@ train step, publish, reshard, checkpoint...) also fails when a peer of its train
 A frozen process (`freeze`, a hang: SIGSTOP live) finishes nothing: each op's wait, when its
 time is up, and every later op that charges time, waits on a gate that only its death fails.
 A peer of a frozen device (`hold_collectives`) does the same with its collectives (a
-collective with a frozen member never completes); its other ops go on. Ops that charge no
+collective with a frozen member never completes); its other ops go on. The peers are the
+frozen device's training group when it froze. A frozen process's own collectives fail only
+with its death, not when another member dies (a stopped process sees nothing). Ops that charge no
 time still answer (live, every call of a frozen actor blocks): the twin's stand-in is coarse
 there.
 """
@@ -63,8 +65,10 @@ class SimProcess:
         fail_waits(self._collective_waits, exc)
 
     def fail_collectives(self, exc: BaseException) -> None:
-        """A peer of this device's training group died: its pending collectives fail."""
-        fail_waits(self._collective_waits, exc)
+        """A peer of this device's training group died: its pending collectives fail (not
+        while it is frozen: a stopped process sees nothing until it is killed)."""
+        if not self.frozen:
+            fail_waits(self._collective_waits, exc)
 
     def check_alive(self) -> None:
         """Raise what a dead process's calls raise, if it is dead."""
