@@ -308,3 +308,15 @@ def test_whole_prompt_prefill_is_batch_invariant_and_migrates_exactly(weights):
     for s in specs:
         assert resumed[s.key].tokens == alone[s.key].tokens
         assert resumed[s.key].logprobs == alone[s.key].logprobs
+
+
+def test_add_all_queues_every_request_or_none(weights):
+    """A batch with one request that could not run is refused whole: nothing of it is
+    queued (a device's `submit`), so the caller's retry elsewhere cannot serve any twice."""
+    engine = make_engine(weights)
+    with pytest.raises(ValueError, match=r"request \(0, 1, 0\)"):
+        engine.add_all([spec(2, max_new=3), spec(3, max_new=3), spec(1, temperature=-1.0)])
+    assert engine.num_waiting == 0
+    engine.add_all([spec(2, max_new=3), spec(3, max_new=3)])
+    assert engine.num_waiting == 2
+    assert sorted(c.spec.prompt for c in drain(engine).values()) == [2, 3]

@@ -214,9 +214,8 @@ class DeviceActor:
         return self._engine().run(max_s, until_empty)
 
     def submit(self, items: list[Any]) -> None:
-        engine = self._engine()
-        for item in items:
-            engine.add(item)
+        """Queue `items` on the engine, all or none (`EngineBase.add_all`)."""
+        self._engine().add_all(items)
 
     def export_inflight(self) -> list[Any]:
         return self.engine.export_inflight() if self.engine is not None else []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,6 +57,8 @@ class Engine(Protocol):
     def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
 
     def add(self, item: RequestSpec | InflightRequest) -> None: ...
+
+    def add_all(self, items: Sequence[RequestSpec | InflightRequest]) -> None: ...
 
     def export_inflight(self) -> list[InflightRequest]: ...
 
@@ -135,10 +137,16 @@ class EngineBase:
     def add(self, item: RequestSpec | InflightRequest) -> None:
         """Queue a new request or a migrated one (continued from its prefix). One that could
         not run here is refused with a ValueError (`_check_request`) and not queued."""
-        if isinstance(item, RequestSpec):
-            item = InflightRequest(spec=item)
-        self._check_request(item)
-        self._waiting.append(item)
+        self.add_all([item])
+
+    def add_all(self, items: Sequence[RequestSpec | InflightRequest]) -> None:
+        """Queue every one of `items`, or none: each is checked (`_check_request`) before
+        any is queued, so a refusal leaves the queue as it was (the caller retries or fails
+        the whole batch, and nothing of it is served twice)."""
+        queued = [InflightRequest(spec=i) if isinstance(i, RequestSpec) else i for i in items]
+        for item in queued:
+            self._check_request(item)
+        self._waiting.extend(queued)
 
     def _check_request(self, item: InflightRequest) -> None:
         """Raise ValueError unless `item` can run here: sampling settings this engine serves,
