@@ -5,10 +5,9 @@ answers nor dies: every driver call on it, and every collective its peers run wi
 waits. The driver pings each device in the actors' control concurrency group (which answers
 while the device is busy in a rollout, a train step or a collective); a device that has
 answered no ping for `faults.hang_timeout_s`, and (on this machine) used no CPU meanwhile,
-is killed (`DevicePool.kill`),
-and from then on it is a death like any other: its calls raise `ActorDiedError`, its
-peers' collectives fail at once (its sockets close), and `recovery.Recovery` fences it and
-goes on with the survivors.
+is killed (`DevicePool.kill`), and from then on it is a death like any other: its calls
+raise `ActorDiedError`, its peers' collectives fail at once (its sockets close), and
+`recovery.Recovery` fences it and goes on with the survivors.
 
 What it does not find: a device whose process answers pings while one of its ops never
 returns (a deadlocked collective is bounded by `faults.timeout_s` instead; a CUDA hang by

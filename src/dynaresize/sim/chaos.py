@@ -167,12 +167,10 @@ class Trap:
             if self._counts[i] == death.nth + 1:
                 victim = self._victim(death.victim, caller)
                 self.fired[i] = -1 if victim is None else victim.index
-                if victim is not None and death.how == "hang":
-                    asyncio.get_running_loop().call_later(
-                        death.delay_s, self._processes.hang, victim.index, self.hang_s)
-                elif victim is not None:
-                    asyncio.get_running_loop().call_later(
-                        death.delay_s, self._processes.kill, victim.index)
+                if victim is not None:
+                    fire = functools.partial(self._processes.hang, after_s=self.hang_s) \
+                        if death.how == "hang" else self._processes.kill
+                    asyncio.get_running_loop().call_later(death.delay_s, fire, victim.index)
 
     def _victim(self, who: str, caller: Any) -> Any:
         if who == "caller" and caller.alive and not self._processes.is_frozen(caller.index):

@@ -59,14 +59,14 @@ class Campaign:
         """One trial: its row (module `sim.chaos` for the checks)."""
         v = trial.variant
         reference, _ = self.reference(v)
-        trap = Trap(trial.deaths, trial.seed, variant_config(v).faults.hang_timeout_s)
+        cfg = variant_config(v)
+        trap = Trap(trial.deaths, trial.seed, cfg.faults.hang_timeout_s)
         row: dict[str, Any] = {"seed": trial.seed, **asdict(v),
                                "deaths": [asdict(d) for d in trial.deaths]}
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
             try:
-                sim = run_config(variant_config(v), WORKLOAD, COSTS, out_dir=tmp,
-                                 chaos=trap.install)
+                sim = run_config(cfg, WORKLOAD, COSTS, out_dir=tmp, chaos=trap.install)
             except Exception as exc:
                 row.update(finished=False, survived=False,
                            error=f"{type(exc).__name__}: {exc}"[:400],

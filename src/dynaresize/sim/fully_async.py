@@ -94,7 +94,7 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
     group_left: dict[tuple[int, int], int] = {}
     group_first: dict[tuple[int, int], int] = {}
     mixed = [0, 0]
-    reprefill = [0]
+    reprefill_tokens = 0
     issue = _Issuer(workload, staleness, steps)
     clock: list[tuple[float, int]] = [(0.0, e) for e in range(num_rollout)]
     sync_s = costs.weight_sync_s()
@@ -117,7 +117,7 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
         if engine_version[e] < trainer.version:
             engine_version[e] = trainer.version
             if not keep_kv:
-                reprefill[0] += _drop_kv(engines[e])
+                reprefill_tokens += _drop_kv(engines[e])
             heapq.heappush(clock, (now_s + sync_s, e))
             continue
         new = issue.take(trainer.version, limit - in_flight[e])
@@ -149,7 +149,7 @@ def run_fully_async(workload: Workload, gpus: int, num_rollout: int, steps: int,
         heapq.heappush(clock, (t_s, e))
     row = _row(workload, gpus, num_rollout, steps, staleness, trainer, mixed,
                getattr(engines[0], "table", None))
-    row.update(kv_on_update="keep" if keep_kv else "recompute", reprefill_tokens=reprefill[0])
+    row.update(kv_on_update="keep" if keep_kv else "recompute", reprefill_tokens=reprefill_tokens)
     return row
 
 
@@ -157,9 +157,7 @@ def _drop_kv(engine: Any) -> int:
     """Queue every request of `engine` again with its tokens so far (its KV dropped: each
     re-prefills its context when admitted); the context tokens whose KV was dropped."""
     held_tokens = engine.kv_held_tokens()
-    held = engine.export()
-    if held:
-        engine.submit(held)
+    engine.submit(engine.export())
     return held_tokens
 
 

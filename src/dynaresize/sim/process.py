@@ -12,9 +12,9 @@ time is up, and every later op that charges time, waits on a gate that only its 
 A peer of a frozen device (`hold_collectives`) does the same with its collectives (a
 collective with a frozen member never completes); its other ops go on. The peers are the
 frozen device's training group when it froze. A frozen process's own collectives fail only
-with its death, not when another member dies (a stopped process sees nothing). Ops that charge no
-time still answer (live, every call of a frozen actor blocks): the twin's stand-in is coarse
-there.
+with its death, not when another member dies (a stopped process sees nothing). Ops that
+charge no time still answer (live, every call of a frozen actor blocks): the twin's stand-in
+is coarse there.
 """
 
 from __future__ import annotations
